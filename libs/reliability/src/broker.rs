@@ -1,0 +1,343 @@
+//! RabbitMQ: connection, topology, the confirmed publisher, dead letters.
+//!
+//! Topology (docs/adr/0002): one durable topic exchange for events; per
+//! consumer a durable quorum queue with an explicit delivery limit whose
+//! dead letters go, through `<exchange>.dlx`, to its own `<queue>.dlq`.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lapin::options::{
+    BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+
+use crate::{Error, Result};
+
+/// Connects with a name that shows in the management UI.
+pub async fn connect(url: &str, name: &str) -> Result<Connection> {
+    let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
+    Ok(Connection::connect(url, props).await?)
+}
+
+pub fn dead_letter_exchange(exchange: &str) -> String {
+    format!("{exchange}.dlx")
+}
+
+pub fn dead_letter_queue(queue: &str) -> String {
+    format!("{queue}.dlq")
+}
+
+/// Declares the events exchange: a durable topic exchange.
+pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: false,
+                durable: true, // survives a broker restart (I1)
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A consumer's queue and where its poison messages end.
+#[derive(Debug, Clone)]
+pub struct QueueSpec {
+    pub queue: String,
+    pub exchange: String,
+    /// Topic patterns bound to the queue, e.g. `orders.OrderPlaced` or `orders.*`.
+    pub bindings: Vec<String>,
+    /// Deliveries of one message before the broker dead-letters it. RabbitMQ
+    /// 3.10 has no default: without it a message that crashes its consumer
+    /// would be redelivered forever (I8).
+    pub delivery_limit: u32,
+}
+
+/// Declares the exchange, the dead-letter exchange, the queue, its DLQ and
+/// bindings. Idempotent; every consumer runs it on start.
+pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
+    declare_exchange(channel, &spec.exchange).await?;
+    let dlx = dead_letter_exchange(&spec.exchange);
+    channel
+        .exchange_declare(
+            dlx.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                passive: false,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+            },
+            FieldTable::default(),
+        )
+        .await?;
+
+    let durable = QueueDeclareOptions {
+        passive: false,
+        durable: true,      // survives a broker restart
+        exclusive: false,   // several consumers may compete on it
+        auto_delete: false, // keeps messages while no consumer is connected
+        nowait: false,
+    };
+    let dlq = dead_letter_queue(&spec.queue);
+    let mut dlq_args = FieldTable::default();
+    dlq_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    channel.queue_declare(dlq.as_str().into(), durable, dlq_args).await?;
+    channel
+        .queue_bind(
+            dlq.as_str().into(),
+            dlx.as_str().into(),
+            spec.queue.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    let mut args = FieldTable::default();
+    // Quorum: replicated by Raft on a cluster, counts deliveries (x-delivery-limit).
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(spec.delivery_limit.into()));
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(dlx.as_str().into()));
+    // Route dead letters to this queue's DLQ only, not to every subscriber.
+    args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(spec.queue.as_str().into()));
+    // At-least-once dead-lettering: a poison message is not lost on its way to the DLQ.
+    args.insert("x-dead-letter-strategy".into(), AMQPValue::LongString("at-least-once".into()));
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    channel.queue_declare(spec.queue.as_str().into(), durable, args).await?;
+    for key in &spec.bindings {
+        channel
+            .queue_bind(
+                spec.queue.as_str().into(),
+                spec.exchange.as_str().into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub routing_key: String,
+    pub message_id: String,
+    pub kind: String,
+    pub headers: FieldTable,
+    pub body: Vec<u8>,
+}
+
+/// Why the broker did not take a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishFailure {
+    /// Mandatory publish found no queue: the broker returns AND acks it, so a
+    /// bare confirm would have dropped it silently.
+    #[error("unroutable: no queue bound for routing key {0}")]
+    Unroutable(String),
+    #[error("broker nacked the message")]
+    Nacked,
+    #[error("no confirm within {0:?}")]
+    Timeout(Duration),
+    #[error("broker error: {0}")]
+    Broker(String),
+}
+
+/// A channel in confirm mode publishing to one exchange.
+pub struct Publisher {
+    channel: Channel,
+    exchange: String,
+    confirm_timeout: Duration,
+}
+
+impl Publisher {
+    pub async fn new(connection: &Connection, exchange: &str, confirm_timeout: Duration) -> Result<Self> {
+        let channel = connection.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions { nowait: false }).await?;
+        declare_exchange(&channel, exchange).await?;
+        Ok(Self { channel, exchange: exchange.to_owned(), confirm_timeout })
+    }
+
+    /// False once the channel or its connection has closed (e.g. after
+    /// publishing to a missing exchange, or a broker restart).
+    pub fn is_usable(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Publishes every message, then awaits all confirms together: one round
+    /// trip per batch instead of one per message. The result for message `i`
+    /// is at index `i`.
+    pub async fn publish_batch(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let props = BasicProperties::default()
+                .with_delivery_mode(2) // persistent
+                .with_content_type("application/json".into())
+                .with_message_id(m.message_id.as_str().into())
+                .with_type(m.kind.as_str().into())
+                .with_headers(m.headers.clone());
+            let sent = self
+                .channel
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    m.routing_key.as_str().into(),
+                    BasicPublishOptions { mandatory: true, immediate: false },
+                    &m.body,
+                    props,
+                )
+                .await;
+            pending.push(sent);
+        }
+        let confirms = join_all(pending.into_iter().enumerate().map(|(i, sent)| async move {
+            let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
+            match confirm.await {
+                Ok(Confirmation::Ack(None)) => Ok(()),
+                Ok(Confirmation::Ack(Some(_))) => Err(PublishFailure::Unroutable(messages[i].routing_key.clone())),
+                Ok(Confirmation::Nack(_)) => Err(PublishFailure::Nacked),
+                Ok(Confirmation::NotRequested) => Err(PublishFailure::Broker("confirms not enabled".into())),
+                Err(e) => Err(PublishFailure::Broker(e.to_string())),
+            }
+        }));
+        match tokio::time::timeout(self.confirm_timeout, confirms).await {
+            Ok(results) => results,
+            Err(_) => vec![Err(PublishFailure::Timeout(self.confirm_timeout)); messages.len()],
+        }
+    }
+}
+
+/// A dead-lettered message as an operator sees it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetter {
+    pub message_id: Option<String>,
+    pub event_type: Option<String>,
+    pub routing_key: String,
+    pub reason: Option<String>,
+    pub body: String,
+}
+
+/// Lists up to `limit` messages of `queue`'s DLQ without removing them.
+pub async fn peek_dead_letters(connection: &Connection, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
+    let channel = connection.create_channel().await?;
+    let dlq = dead_letter_queue(queue);
+    let mut out = Vec::new();
+    let mut last_tag = None;
+    while out.len() < limit {
+        let Some(msg) = channel.basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false }).await? else {
+            break;
+        };
+        let props = &msg.delivery.properties;
+        out.push(DeadLetter {
+            message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            event_type: props.kind().as_ref().map(|s| s.as_str().to_owned()),
+            routing_key: msg.delivery.routing_key.as_str().to_owned(),
+            reason: death_reason(props.headers().as_ref()),
+            body: String::from_utf8_lossy(&msg.delivery.data).into_owned(),
+        });
+        last_tag = Some(msg.delivery.delivery_tag);
+    }
+    if let Some(tag) = last_tag {
+        // Everything we took goes back, in order.
+        channel.basic_nack(tag, BasicNackOptions { multiple: true, requeue: true }).await?;
+    }
+    channel.close(200, "peek done".into()).await?;
+    Ok(out)
+}
+
+/// Moves up to `limit` messages from `queue`'s DLQ back onto `queue` (only
+/// that consumer sees them again). Each is acked off the DLQ only after the
+/// broker confirmed the re-publish, so a crash here duplicates, never loses;
+/// the consumer's dedup absorbs the duplicate.
+pub async fn redrive_dead_letters(connection: &Connection, queue: &str, limit: usize) -> Result<usize> {
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions { nowait: false }).await?;
+    let dlq = dead_letter_queue(queue);
+    let mut moved = 0;
+    while moved < limit {
+        let Some(msg) = channel.basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false }).await? else {
+            break;
+        };
+        let mut props = msg.delivery.properties.clone();
+        // A fresh start: the old x-death history would count against the new
+        // delivery limit and confuse the next operator reading it.
+        if let Some(headers) = props.headers().clone() {
+            let mut kept = FieldTable::default();
+            for (k, v) in headers.inner() {
+                if !k.as_str().starts_with("x-") {
+                    kept.insert(k.clone(), v.clone());
+                }
+            }
+            props = props.with_headers(kept);
+        }
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(""),
+                queue.into(),
+                BasicPublishOptions { mandatory: true, immediate: false },
+                &msg.delivery.data,
+                props,
+            )
+            .await?
+            .await?;
+        if !matches!(confirm, Confirmation::Ack(None)) {
+            return Err(Error::Config(format!("re-drive to queue {queue} was not accepted: {confirm:?}")));
+        }
+        msg.delivery.ack(lapin::options::BasicAckOptions { multiple: false }).await?;
+        moved += 1;
+    }
+    channel.close(200, "redrive done".into()).await?;
+    Ok(moved)
+}
+
+/// Messages waiting in `queue` (passive declare: fails if it does not exist).
+pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(q.message_count())
+}
+
+fn death_reason(headers: Option<&FieldTable>) -> Option<String> {
+    let deaths = headers?.inner().get("x-death")?;
+    let AMQPValue::FieldArray(deaths) = deaths else { return None };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else { return None };
+    match first.inner().get("reason")? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+/// String headers as an AMQP table.
+pub fn headers_from_json(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in map {
+        let s = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        table.insert(k.as_str().into(), AMQPValue::LongString(s.into()));
+    }
+    table
+}
+
+/// A string header of a delivery, if present.
+pub fn header_str(props: &BasicProperties, name: &str) -> Option<String> {
+    match props.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}

@@ -1,0 +1,325 @@
+//! The consumer runtime (invariants I2 and I8): each delivered event changes
+//! a consumer's state exactly once, whatever the delivery count or order.
+//!
+//! Per message, one transaction holds: the dedup record
+//! `(tenant, consumer, source, message id)`, the handler's state change and
+//! outbox rows, and the `consumer_offsets` advance. Commit, then ack. A
+//! redelivery finds the dedup record and is acked without effect. Why a
+//! high-water mark alone cannot do this: docs/adr/0002.
+//!
+//! A handler error is retried in place a bounded number of times, then the
+//! message is rejected to its queue's DLQ, where an operator can inspect and
+//! re-drive it (`reliability dlq`). Infrastructure errors (the database is
+//! down) are retried without limit instead: an outage must not dead-letter
+//! healthy messages.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::types::FieldTable;
+use lapin::message::Delivery;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{self, QueueSpec};
+use crate::failpoint::{self, FailPoints};
+use crate::outbox::Envelope;
+use crate::{Error, Result, TenantId, TenantTx};
+
+/// Applies one event to a consumer's state inside the given transaction.
+///
+/// The handler must do all its work through `tx` (state changes and outbox
+/// rows) and nothing outside it, so that the dedup record and the effect
+/// commit or vanish together. Events it does not care about: return `Ok`.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Retrying cannot help (the payload does not decode, an unknown
+    /// version): dead-lettered at once.
+    #[error("permanent: {0}")]
+    Permanent(String),
+    /// May succeed on a later try: retried, then dead-lettered.
+    #[error("transient: {0}")]
+    Transient(String),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl From<Error> for HandlerError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Database(e) => Self::Database(e),
+            other => Self::Transient(other.to_string()),
+        }
+    }
+}
+
+/// What applying one message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    /// Seen before: nothing changed.
+    Duplicate,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Handler(#[from] HandlerError),
+    #[error("fail point {0} fired")]
+    FailPoint(&'static str),
+}
+
+impl From<sqlx::Error> for ApplyError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Handler(HandlerError::Database(e))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer's name: its queue, and its key in the dedup table.
+    pub name: String,
+    pub queue: QueueSpec,
+    /// Unacked deliveries the broker may push ahead.
+    pub prefetch: u16,
+    /// Tries of a failing handler before the message is dead-lettered.
+    pub max_attempts: u32,
+    /// Delay before try n+1 is `retry_delay * n`.
+    pub retry_delay: Duration,
+    pub fail_points: FailPoints,
+}
+
+impl ConsumerConfig {
+    /// Queue `name` bound to `bindings` on `exchange`; 5 tries 200 ms apart
+    /// (growing), prefetch 50, broker delivery limit 10.
+    pub fn new(name: &str, exchange: &str, bindings: &[&str]) -> Self {
+        Self {
+            name: name.to_owned(),
+            queue: QueueSpec {
+                queue: name.to_owned(),
+                exchange: exchange.to_owned(),
+                bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
+                delivery_limit: 10,
+            },
+            prefetch: 50,
+            max_attempts: 5,
+            retry_delay: Duration::from_millis(200),
+            fail_points: FailPoints::none(),
+        }
+    }
+}
+
+pub struct Consumer<H> {
+    /// Connects as the runtime role: the handler runs under row-level security.
+    pool: PgPool,
+    amqp_url: String,
+    config: ConsumerConfig,
+    handler: H,
+}
+
+impl<H: Handler> Consumer<H> {
+    pub fn new(pool: PgPool, amqp_url: &str, config: ConsumerConfig, handler: H) -> Self {
+        Self { pool, amqp_url: amqp_url.to_owned(), config, handler }
+    }
+
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.config
+    }
+
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// Applies `event` once: dedup record, handler, offset, commit.
+    #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
+    pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
+        let tenant = TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()))?;
+        let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+        let fresh = sqlx::query(
+            "INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(tenant.get())
+        .bind(&self.config.name)
+        .bind(&event.source)
+        .bind(event.id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !fresh {
+            tx.rollback().await?;
+            return Ok(Outcome::Duplicate);
+        }
+        self.handler.handle(&mut tx, event).await?;
+        // Last, so the hot per-tenant row is locked only until the commit.
+        sqlx::query(
+            "INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count)
+             VALUES ($1, $2, $3, $4, 1)
+             ON CONFLICT (tenant_id, consumer, source) DO UPDATE
+             SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
+                 applied_count = consumer_offsets.applied_count + 1,
+                 updated_at = now()",
+        )
+        .bind(tenant.get())
+        .bind(&self.config.name)
+        .bind(&event.source)
+        .bind(event.id)
+        .execute(&mut *tx)
+        .await?;
+        if let Err(Error::FailPoint(name)) = self.config.fail_points.check(failpoint::CONSUMER_BEFORE_COMMIT) {
+            return Err(ApplyError::FailPoint(name));
+        }
+        tx.commit().await?;
+        Ok(Outcome::Applied)
+    }
+
+    /// Consumes until `shutdown`, reconnecting after broker or database
+    /// outages. Stops between messages, never inside one. Returns an error
+    /// only when a fail point fired (the simulated crash).
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let mut delay = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            match self.run_connected(&shutdown).await {
+                Ok(()) => return Ok(()),
+                Err(e @ Error::FailPoint(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(consumer = %self.config.name, error = %e, retry_in = ?delay, "consumer lost its broker; reconnecting");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
+        let conn = broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
+        let channel = conn.create_channel().await?;
+        broker::declare_queue(&channel, &self.config.queue).await?;
+        channel
+            .basic_qos(self.config.prefetch, BasicQosOptions { global: false })
+            .await?;
+        let tag = format!("{}-{}", self.config.name, uuid::Uuid::new_v4());
+        let mut deliveries = channel
+            .basic_consume(
+                self.config.queue.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions {
+                    no_local: false,
+                    no_ack: false, // ack only after the commit
+                    exclusive: false,
+                    nowait: false,
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, "consumer connected");
+        let mut gauges = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            let delivery = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                _ = gauges.tick() => {
+                    let dlq = broker::dead_letter_queue(&self.config.queue.queue);
+                    if let Ok(depth) = broker::queue_depth(&channel, &dlq).await {
+                        metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));
+                    }
+                    continue;
+                }
+                next = deliveries.next() => match next {
+                    Some(d) => d?,
+                    None => return Err(Error::Config("consumer stream ended".into())),
+                },
+            };
+            if !self.process(delivery, shutdown).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Handles one delivery to its end (acked or dead-lettered). Returns
+    /// false if shutdown came while it waited to retry (left unacked: the
+    /// broker redelivers it to the next consumer).
+    async fn process(&self, delivery: Delivery, shutdown: &CancellationToken) -> Result<bool> {
+        let event: Envelope = match serde_json::from_slice(&delivery.data) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(consumer = %self.config.name, error = %e, "malformed message; dead-lettering");
+                self.dead_letter(&delivery, "malformed").await?;
+                return Ok(true);
+            }
+        };
+        let mut tries = 0;
+        let mut outage_delay = Duration::from_millis(100);
+        loop {
+            let failure = match self.apply(&event).await {
+                Ok(outcome) => {
+                    self.config.fail_points.check(failpoint::CONSUMER_AFTER_COMMIT)?;
+                    delivery.ack(BasicAckOptions { multiple: false }).await?;
+                    let label = if outcome == Outcome::Applied { "applied" } else { "duplicate" };
+                    metrics::counter!("consumer_messages_total", "consumer" => self.config.name.clone(), "outcome" => label)
+                        .increment(1);
+                    return Ok(true);
+                }
+                Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
+                Err(ApplyError::Handler(e)) => e,
+            };
+            let wait = match &failure {
+                HandlerError::Permanent(_) => None,
+                HandlerError::Database(e) if is_outage(e) => {
+                    outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
+                    Some(outage_delay)
+                }
+                _ => {
+                    tries += 1;
+                    (tries < self.config.max_attempts).then(|| self.config.retry_delay * tries)
+                }
+            };
+            let Some(wait) = wait else {
+                tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");
+                self.dead_letter(&delivery, "handler_failed").await?;
+                return Ok(true);
+            };
+            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(false),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &'static str) -> Result<()> {
+        delivery.reject(BasicRejectOptions { requeue: false }).await?;
+        metrics::counter!("consumer_dead_lettered_total", "consumer" => self.config.name.clone(), "reason" => reason)
+            .increment(1);
+        Ok(())
+    }
+}
+
+/// The database is unreachable or shedding load: not the message's fault.
+fn is_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            // connection exception, admin shutdown, cannot connect now, too many
+            // connections, serialization failure, deadlock
+            c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "40001" || c == "40P01"
+        }),
+        _ => false,
+    }
+}

@@ -1,0 +1,110 @@
+//! Database plumbing: the three roles, the reliability migrations, pools.
+//!
+//! Roles (docs/adr/0003): `commerce_owner` owns tables, runs migrations and
+//! maintenance (BYPASSRLS: it archives every tenant's rows); `commerce_app` is
+//! the services' runtime role, subject to row-level security; `commerce_relay`
+//! reads and marks every tenant's outbox rows and has no other grant.
+
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgPool};
+
+use crate::Result;
+
+pub const OWNER_ROLE: &str = "commerce_owner";
+pub const APP_ROLE: &str = "commerce_app";
+pub const RELAY_ROLE: &str = "commerce_relay";
+
+/// The reliability tables, versions 1 to 999. A service's own migrations
+/// start at 1000 so both live in one `_sqlx_migrations` history.
+pub static RELIABILITY_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/reliability");
+
+/// The reliability migrations followed by a service's own.
+pub fn migrator_with(service: &Migrator) -> Migrator {
+    let mut all: Vec<Migration> = RELIABILITY_MIGRATIONS.iter().cloned().collect();
+    all.extend(service.iter().cloned());
+    all.sort_by_key(|m| m.version);
+    Migrator::with_migrations(all)
+}
+
+/// Runs the reliability migrations and then `service`'s, as the owner role.
+pub async fn migrate(owner_pool: &PgPool, service: Option<&Migrator>) -> Result<()> {
+    match service {
+        Some(m) => migrator_with(m).run(owner_pool).await?,
+        None => RELIABILITY_MIGRATIONS.run(owner_pool).await?,
+    }
+    Ok(())
+}
+
+/// Creates the three roles if missing. Needs a superuser connection (roles
+/// are cluster-wide). Safe to run concurrently and repeatedly.
+pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
+    let mut conn = superuser.acquire().await?;
+    // Two processes creating the same role race on pg_authid's unique index.
+    conn.execute("SELECT pg_advisory_lock(7310001)").await?;
+    let result = conn
+        .execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'commerce_owner') THEN
+                 CREATE ROLE commerce_owner LOGIN BYPASSRLS CREATEDB;
+               END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'commerce_app') THEN
+                 CREATE ROLE commerce_app LOGIN NOBYPASSRLS;
+               END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'commerce_relay') THEN
+                 CREATE ROLE commerce_relay LOGIN NOBYPASSRLS;
+               END IF;
+             END $$",
+        )
+        .await;
+    conn.execute("SELECT pg_advisory_unlock(7310001)").await?;
+    result?;
+    Ok(())
+}
+
+/// Creates `database` owned by the owner role unless it exists.
+pub async fn ensure_database(superuser: &PgPool, database: &str) -> Result<()> {
+    if !database.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(crate::Error::Config(format!("database name `{database}` must be [A-Za-z0-9_]")));
+    }
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)")
+        .bind(database)
+        .fetch_one(superuser)
+        .await?;
+    if !exists {
+        // Checked above to be a plain identifier: nothing to inject.
+        let sql = format!("CREATE DATABASE {database} OWNER {OWNER_ROLE}");
+        match superuser.execute(sqlx::AssertSqlSafe(sql)).await {
+            Ok(_) => {}
+            // Lost a race with another creator: the database is there.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Connection options for `role` on `base`'s server and database.
+pub fn options_for_role(base: &PgConnectOptions, role: &str) -> PgConnectOptions {
+    base.clone().username(role)
+}
+
+/// A pool with the settings every service uses.
+pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?)
+}
+
+/// Names a unique, check, or foreign-key violation so callers can map it to a
+/// client error by constraint, never by matching message text.
+pub fn constraint_violation(err: &sqlx::Error) -> Option<&str> {
+    match err {
+        sqlx::Error::Database(db) => db.constraint(),
+        _ => None,
+    }
+}

@@ -1,0 +1,25 @@
+use std::time::Duration;
+
+/// Errors of the reliability library. Structured so that a caller can tell a
+/// broker outage from a database one, or an injected crash from either.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("broker error")]
+    Broker(#[from] lapin::Error),
+    #[error("broker did not answer within {0:?}")]
+    BrokerTimeout(Duration),
+    #[error("message could not be encoded or decoded")]
+    Json(#[from] serde_json::Error),
+    /// A fail point configured to crash fired; the caller must stop as a
+    /// crashed process would, without cleaning up.
+    #[error("fail point {0} fired")]
+    FailPoint(&'static str),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

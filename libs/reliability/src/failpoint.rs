@@ -1,0 +1,136 @@
+//! Named crash points, off unless a test or an operator turns them on.
+//!
+//! The e2e suite needs a process to die at exact places (after the broker
+//! confirmed, before the row is marked; after commit, before ack). Each
+//! component holds its own [`FailPoints`], built from the environment
+//! (`RELIABILITY_FAILPOINTS=relay.after_confirm=abort,consumer.after_commit=error`)
+//! or set by a test, so tests running in one process do not interfere.
+//!
+//! - `error`: the component returns [`crate::Error::FailPoint`] and stops as a
+//!   crashed process would (its transaction rolls back, deliveries stay unacked);
+//! - `abort`: the process aborts on the spot, like `kill -9`.
+//!
+//! A point fires once unless written `name=error*` / `name=abort*` (every time).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::{Error, Result};
+
+/// Relay: the broker confirmed the batch; `processed_at` not yet written.
+pub const RELAY_AFTER_CONFIRM: &str = "relay.after_confirm";
+/// Relay: the batch is claimed; nothing published yet.
+pub const RELAY_BEFORE_PUBLISH: &str = "relay.before_publish";
+/// Consumer: the handler ran inside the transaction; not committed.
+pub const CONSUMER_BEFORE_COMMIT: &str = "consumer.before_commit";
+/// Consumer: committed; the delivery not yet acked.
+pub const CONSUMER_AFTER_COMMIT: &str = "consumer.after_commit";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Error,
+    Abort,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Armed {
+    action: Action,
+    repeat: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FailPoints(Arc<Mutex<HashMap<String, Armed>>>);
+
+impl FailPoints {
+    /// No point armed.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Points armed by `RELIABILITY_FAILPOINTS`; none when unset.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("RELIABILITY_FAILPOINTS") {
+            Ok(spec) => Self::parse(&spec),
+            Err(_) => Ok(Self::none()),
+        }
+    }
+
+    pub fn parse(spec: &str) -> Result<Self> {
+        let points = Self::none();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, action) = item
+                .split_once('=')
+                .ok_or_else(|| Error::Config(format!("fail point `{item}` needs name=action")))?;
+            let (action, repeat) = match action.strip_suffix('*') {
+                Some(a) => (a, true),
+                None => (action, false),
+            };
+            let action = match action {
+                "error" => Action::Error,
+                "abort" => Action::Abort,
+                other => return Err(Error::Config(format!("unknown fail point action `{other}`"))),
+            };
+            points.arm_with(name, action, repeat);
+        }
+        Ok(points)
+    }
+
+    /// Arms `name` to fire once with `action`.
+    pub fn arm(&self, name: &str, action: Action) {
+        self.arm_with(name, action, false);
+    }
+
+    fn arm_with(&self, name: &str, action: Action, repeat: bool) {
+        self.0
+            .lock()
+            .expect("fail point registry poisoned")
+            .insert(name.to_owned(), Armed { action, repeat });
+    }
+
+    /// Fires `name` if armed.
+    pub fn check(&self, name: &'static str) -> Result<()> {
+        let fired = {
+            let mut map = self.0.lock().expect("fail point registry poisoned");
+            match map.get(name).copied() {
+                Some(armed) if armed.repeat => Some(armed.action),
+                Some(armed) => {
+                    map.remove(name);
+                    Some(armed.action)
+                }
+                None => None,
+            }
+        };
+        match fired {
+            None => Ok(()),
+            Some(Action::Error) => {
+                tracing::warn!(fail_point = name, "fail point fired: stopping as if crashed");
+                Err(Error::FailPoint(name))
+            }
+            Some(Action::Abort) => {
+                tracing::warn!(fail_point = name, "fail point fired: aborting the process");
+                std::process::abort()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_fires_once_unless_starred() {
+        let fp = FailPoints::parse("a=error, b=error*").unwrap();
+        assert!(fp.check("a").is_err());
+        assert!(fp.check("a").is_ok());
+        assert!(fp.check("b").is_err());
+        assert!(fp.check("b").is_err());
+        assert!(fp.check("c").is_ok());
+    }
+
+    #[test]
+    fn a_malformed_spec_is_rejected() {
+        assert!(FailPoints::parse("a").is_err());
+        assert!(FailPoints::parse("a=explode").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! `Idempotency-Key` for axum handlers (invariant I3).
+//!
+//! [`Idempotent<T>`] is an extractor. Before the handler runs it verifies the
+//! caller, validates the key, hashes the canonical body (RFC 8785, SHA-256)
+//! and claims `(tenant, scope, key)` by inserting its row in a transaction
+//! that it hands to the handler. The handler writes through that
+//! transaction and finishes with [`Idempotent::complete`], which stores the
+//! response in the same commit. So:
+//!
+//! - a concurrent request with the same key blocks on the uncommitted row,
+//!   for at most [`IdempotencyConfig::wait`] (PostgreSQL `lock_timeout`), then
+//!   replays the stored response or answers 425 with `Retry-After`;
+//! - a crash or a 5xx rolls the claim back with everything else: no stuck key;
+//! - a 4xx is stored (the handler's writes rolled back to a savepoint first);
+//! - the same key with a different body: 409 (docs/adr/0004 maps these to
+//!   the IETF draft).
+//!
+//! The scope is the method and matched route (`POST /orders`).
+
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::auth::JwtKeys;
+use crate::http::ApiError;
+use crate::{Result, TenantId, TenantTx};
+
+pub const HEADER: &str = "idempotency-key";
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+const SAVEPOINT: &str = "SAVEPOINT idempotent_handler";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idempotent_handler";
+
+/// Shared by every idempotent route of a service (put it in the app state).
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// The runtime role's pool.
+    pub pool: PgPool,
+    /// How long a request waits for an in-flight twin before answering 425.
+    pub wait: Duration,
+    /// How long a completed key is remembered.
+    pub ttl: Duration,
+}
+
+impl IdempotencyConfig {
+    /// Waits 5 s for an in-flight twin; remembers keys 24 h.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool, wait: Duration::from_secs(5), ttl: Duration::from_secs(24 * 3600) }
+    }
+}
+
+/// A claimed key, the request body, and the transaction to do the work in.
+pub struct Idempotent<T> {
+    pub body: T,
+    pub tx: TenantTx,
+    scope: String,
+    key: String,
+}
+
+impl<T> Idempotent<T> {
+    pub fn tenant(&self) -> TenantId {
+        self.tx.tenant()
+    }
+
+    /// Stores the response with the key and commits the handler's work with
+    /// it. A 5xx is not stored: everything rolls back, so a retry runs
+    /// afresh. A 4xx is stored, without the handler's writes.
+    pub async fn complete(mut self, status: StatusCode, body: &impl Serialize) -> Result<Response> {
+        let bytes = serde_json::to_vec(body)?;
+        if status.is_server_error() {
+            self.tx.rollback().await?;
+            return Ok(json_response(status, bytes));
+        }
+        if status.is_client_error() {
+            sqlx::query(ROLLBACK_TO_SAVEPOINT).execute(&mut *self.tx).await?;
+        }
+        sqlx::query(
+            "UPDATE idempotency_keys
+             SET response_status = $4, response_content_type = 'application/json',
+                 response_body = $5, completed_at = now()
+             WHERE tenant_id = $1 AND scope = $2 AND key = $3",
+        )
+        .bind(self.tx.tenant().get())
+        .bind(&self.scope)
+        .bind(&self.key)
+        .bind(status.as_u16() as i16)
+        .bind(&bytes)
+        .execute(&mut *self.tx)
+        .await?;
+        self.tx.commit().await?;
+        Ok(json_response(status, bytes))
+    }
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
+}
+
+fn bad_request(code: &'static str, message: &str) -> Response {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message).into_response()
+}
+
+/// 1 to 255 visible ASCII characters.
+fn parse_key(headers: &HeaderMap) -> Result<String, Response> {
+    let raw = headers
+        .get(HEADER)
+        .ok_or_else(|| bad_request("idempotency_key_missing", "the Idempotency-Key header is required"))?;
+    let bytes = raw.as_bytes();
+    if bytes.is_empty() || bytes.len() > 255 || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(bad_request(
+            "idempotency_key_invalid",
+            "Idempotency-Key must be 1 to 255 visible ASCII characters",
+        ));
+    }
+    Ok(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// SHA-256 of the body in RFC 8785 canonical form: key order, whitespace and
+/// number spelling (`2.0` vs `2`) do not change it.
+pub fn request_hash(body: &serde_json::Value) -> Vec<u8> {
+    let canonical = serde_jcs::to_vec(body).expect("a parsed JSON value always serializes");
+    Sha256::digest(&canonical).to_vec()
+}
+
+impl<S, T> FromRequest<S> for Idempotent<T>
+where
+    S: Send + Sync,
+    IdempotencyConfig: FromRef<S>,
+    JwtKeys: FromRef<S>,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let started = Instant::now();
+        let (mut parts, body) = req.into_parts();
+        let tenant = TenantId::from_request_parts(&mut parts, state).await.map_err(IntoResponse::into_response)?;
+        let key = parse_key(&parts.headers)?;
+        let route = parts.extensions.get::<MatchedPath>().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+        let scope = format!("{} {route}", parts.method);
+
+        let bytes = Bytes::from_request(Request::from_parts(parts, body), state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body exceeds the size limit").into_response()
+            } else {
+                bad_request("unreadable_body", "the request body could not be read")
+            }
+        })?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|_| bad_request("malformed_json", "the body is not valid JSON"))?;
+        let hash = request_hash(&value);
+        let body: T = serde_json::from_value(value).map_err(|e| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", format!("the body does not match the schema: {e}"))
+                .into_response()
+        })?;
+
+        let config = IdempotencyConfig::from_ref(state);
+        let outcome = claim(&config, tenant, &scope, &key, &hash).await;
+        metrics::histogram!("idempotency_check_duration", "scope" => scope.clone()).record(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(Claim::Fresh(tx)) => {
+                metrics::counter!("idempotency_cache_misses_total", "scope" => scope.clone()).increment(1);
+                Ok(Self { body, tx, scope, key })
+            }
+            Ok(Claim::Done(response)) => {
+                metrics::counter!("idempotency_cache_hits_total", "scope" => scope).increment(1);
+                Err(response)
+            }
+            Err(e) => Err(ApiError::internal(&e).into_response()),
+        }
+    }
+}
+
+enum Claim {
+    Fresh(TenantTx),
+    /// A stored response, a 409, or a 425: the handler must not run.
+    Done(Response),
+}
+
+async fn claim(config: &IdempotencyConfig, tenant: TenantId, scope: &str, key: &str, hash: &[u8]) -> Result<Claim> {
+    let mut tx = TenantTx::begin(&config.pool, tenant).await?;
+    // Bounds the wait on an in-flight twin's uncommitted row.
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", config.wait.as_millis().max(1)))
+        .execute(&mut *tx)
+        .await?;
+    // An expired row is taken over as if absent; a live one is left alone.
+    let claimed = sqlx::query_scalar::<_, bool>(
+        "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, expires_at)
+         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+         ON CONFLICT (tenant_id, scope, key) DO UPDATE
+         SET request_hash = EXCLUDED.request_hash, expires_at = EXCLUDED.expires_at, created_at = now(),
+             response_status = NULL, response_content_type = NULL, response_body = NULL, completed_at = NULL
+         WHERE idempotency_keys.expires_at <= now()
+         RETURNING true",
+    )
+    .bind(tenant.get())
+    .bind(scope)
+    .bind(key)
+    .bind(hash)
+    .bind(config.ttl.as_secs_f64())
+    .fetch_optional(&mut *tx)
+    .await;
+    match claimed {
+        Ok(Some(_)) => {
+            sqlx::query("SELECT set_config('lock_timeout', '0', true)").execute(&mut *tx).await?;
+            sqlx::query(SAVEPOINT).execute(&mut *tx).await?;
+            return Ok(Claim::Fresh(tx));
+        }
+        Ok(None) => {}
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => return Ok(Claim::Done(still_in_flight())),
+        Err(e) => return Err(e.into()),
+    }
+    let stored: Option<(Vec<u8>, Option<i16>, Option<String>, Option<Vec<u8>>)> = sqlx::query_as(
+        "SELECT request_hash, response_status, response_content_type, response_body
+         FROM idempotency_keys WHERE tenant_id = $1 AND scope = $2 AND key = $3",
+    )
+    .bind(tenant.get())
+    .bind(scope)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    tx.rollback().await?;
+    let response = match stored {
+        Some((stored_hash, _, _, _)) if stored_hash != hash => ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        )
+        .into_response(),
+        Some((_, Some(status), content_type, Some(body))) => {
+            let status = StatusCode::from_u16(status as u16).unwrap_or(StatusCode::OK);
+            let content_type = content_type.unwrap_or_else(|| "application/json".to_owned());
+            let mut response = (status, body).into_response();
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(&content_type).unwrap_or(HeaderValue::from_static("application/json")));
+            headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+            response
+        }
+        // Deleted by the cleanup between our insert and read: try again.
+        _ => still_in_flight(),
+    };
+    Ok(Claim::Done(response))
+}
+
+fn still_in_flight() -> Response {
+    let mut response = ApiError::new(
+        StatusCode::TOO_EARLY,
+        "idempotency_key_in_flight",
+        "a request with this Idempotency-Key is still being processed; retry later",
+    )
+    .into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn hash_ignores_key_order_whitespace_and_number_spelling() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"b": [1, {"y": 2.0, "x": "s"}], "a": 1}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":[1,{"x":"s","y":2}]}"#).unwrap();
+        assert_eq!(request_hash(&a), request_hash(&b));
+        assert_ne!(request_hash(&a), request_hash(&json!({"a": 2, "b": [1, {"x": "s", "y": 2}]})));
+    }
+
+    #[test]
+    fn keys_must_be_visible_ascii_of_bounded_length() {
+        let mut h = HeaderMap::new();
+        assert!(parse_key(&h).is_err());
+        h.insert(HEADER, HeaderValue::from_static("order-1"));
+        assert_eq!(parse_key(&h).unwrap(), "order-1");
+        h.insert(HEADER, HeaderValue::from_static("has space"));
+        assert!(parse_key(&h).is_err());
+        h.insert(HEADER, HeaderValue::from_str(&"k".repeat(256)).unwrap());
+        assert!(parse_key(&h).is_err());
+        h.insert(HEADER, HeaderValue::from_str(&"k".repeat(255)).unwrap());
+        assert!(parse_key(&h).is_ok());
+    }
+}

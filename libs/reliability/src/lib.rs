@@ -1,0 +1,33 @@
+//! The reliability patterns every commerce service stands on, so a service is
+//! only a router, handlers, consumers and its domain SQL.
+//!
+//! It owns:
+//! - [`tenant`]: tenant-scoped transactions (row-level security's setting);
+//! - [`outbox`]: writing events in the caller's transaction, and their wire form;
+//! - [`relay`]: publishing the outbox to RabbitMQ with confirms (at least once);
+//! - [`consumer`]: applying each delivered event exactly once;
+//! - [`idempotency`]: the `Idempotency-Key` contract for axum handlers;
+//! - [`auth`], [`http`]: bearer-token tenants and the JSON error shape;
+//! - [`maintenance`], [`metrics`], [`db`], [`broker`]: the plumbing around them.
+//!
+//! The invariants these serve are in `ARCHITECTURE.md`; each module says which.
+
+pub mod auth;
+pub mod broker;
+pub mod consumer;
+pub mod db;
+mod error;
+pub mod failpoint;
+pub mod http;
+pub mod idempotency;
+pub mod maintenance;
+pub mod metrics;
+pub mod outbox;
+pub mod relay;
+pub mod shutdown;
+pub mod tenant;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use error::{Error, Result};
+pub use tenant::{TenantId, TenantTx};

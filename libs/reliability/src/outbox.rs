@@ -1,0 +1,107 @@
+//! The transactional outbox (invariant I1): an event is a row written in the
+//! same transaction as the state change it announces, and [`Envelope`] is what
+//! the relay puts on the wire for it.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Result, TenantTx};
+
+/// An event to publish once the caller's transaction commits.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub event_version: i32,
+    pub payload: Value,
+    /// Sent as AMQP headers: the W3C `traceparent`, for one.
+    pub headers: serde_json::Map<String, Value>,
+}
+
+impl NewEvent {
+    pub fn new(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl ToString,
+        event_type: impl Into<String>,
+        payload: &impl Serialize,
+    ) -> Result<Self> {
+        Ok(Self {
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.to_string(),
+            event_type: event_type.into(),
+            event_version: 1,
+            payload: serde_json::to_value(payload)?,
+            headers: serde_json::Map::new(),
+        })
+    }
+
+    pub fn version(mut self, version: i32) -> Self {
+        self.event_version = version;
+        self
+    }
+
+    pub fn header(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.headers.insert(name.to_owned(), Value::String(value.into()));
+        self
+    }
+}
+
+/// Writes `event` inside the caller's transaction; returns its outbox id.
+/// The tenant is the transaction's own, so it cannot be mislabelled.
+pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
+    let tenant = tx.tenant().get();
+    let id = sqlx::query_scalar(
+        "INSERT INTO outbox_messages
+             (tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         RETURNING id",
+    )
+    .bind(tenant)
+    .bind(&event.aggregate_type)
+    .bind(&event.aggregate_id)
+    .bind(&event.event_type)
+    .bind(event.event_version)
+    .bind(&event.payload)
+    .bind(Value::Object(event.headers.clone()))
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// The message body on the wire. `(source, id)` identifies a message across
+/// the system: consumers deduplicate on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub id: i64,
+    pub source: String,
+    pub tenant_id: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub event_version: i32,
+    pub occurred_at: DateTime<Utc>,
+    pub payload: Value,
+}
+
+impl Envelope {
+    /// `<source>.<EventType>`, the topic routing key.
+    pub fn routing_key(&self) -> String {
+        routing_key(&self.source, &self.event_type)
+    }
+
+    /// The AMQP `message_id`: unique across sources.
+    pub fn message_id(&self) -> String {
+        format!("{}:{}", self.source, self.id)
+    }
+
+    /// Decodes the payload into an event type of the caller's.
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(&self.payload)
+    }
+}
+
+pub fn routing_key(source: &str, event_type: &str) -> String {
+    format!("{source}.{event_type}")
+}

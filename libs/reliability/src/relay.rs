@@ -1,0 +1,364 @@
+//! The outbox relay (invariant I1): every committed outbox row reaches the
+//! broker at least once.
+//!
+//! A batch is claimed with `FOR UPDATE SKIP LOCKED` (so relays can run side
+//! by side without publishing the same row twice), published with pipelined
+//! confirms, and marked `processed_at` only after the broker confirmed it. The
+//! claim's transaction stays open across the publish, bounded by the confirm
+//! timeout: if the relay dies anywhere before its commit the rows unlock and
+//! are published again; consumers deduplicate (docs/adr/0001).
+//!
+//! Failures back off (`LEAST(attempts + 1, max_steps) * step`) and after
+//! `max_attempts` failures a row moves to `outbox_messages_dlq`.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{self, Outgoing, Publisher};
+use crate::failpoint::{self, FailPoints};
+use crate::outbox::Envelope;
+use crate::{Error, Result};
+
+/// The channel the outbox trigger notifies on commit.
+pub const NOTIFY_CHANNEL: &str = "outbox_messages";
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// The publishing service's name: first part of every routing key.
+    pub source: String,
+    pub exchange: String,
+    /// Rows claimed and published per transaction.
+    pub batch_size: i64,
+    /// Poll even without a notification (a NOTIFY can be missed while the
+    /// listener reconnects).
+    pub poll_interval: Duration,
+    /// Backoff after a failed publish: `LEAST(attempts + 1, backoff_max_steps) * backoff_step`.
+    pub backoff_step: Duration,
+    pub backoff_max_steps: i32,
+    /// A row that failed more often than this moves to the DLQ table.
+    pub max_attempts: i32,
+    /// How long the batch waits for the broker's confirms (and so the
+    /// longest the claim's transaction stays open).
+    pub confirm_timeout: Duration,
+    pub fail_points: FailPoints,
+}
+
+impl RelayConfig {
+    /// The platform defaults: batches of 500, 1 s poll, 30 s backoff steps up
+    /// to 8, DLQ after 10 attempts, 10 s confirm timeout.
+    pub fn new(source: &str, exchange: &str) -> Self {
+        Self {
+            source: source.to_owned(),
+            exchange: exchange.to_owned(),
+            batch_size: 500,
+            poll_interval: Duration::from_secs(1),
+            backoff_step: Duration::from_secs(30),
+            backoff_max_steps: 8,
+            max_attempts: 10,
+            confirm_timeout: Duration::from_secs(10),
+            fail_points: FailPoints::none(),
+        }
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    pub claimed: usize,
+    pub published: usize,
+    pub failed: usize,
+    pub dead_lettered: usize,
+}
+
+impl BatchReport {
+    fn add(&mut self, other: BatchReport) {
+        self.claimed += other.claimed;
+        self.published += other.published;
+        self.failed += other.failed;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
+pub struct Relay {
+    /// Connects as the relay role: the only role that sees every tenant's rows.
+    pool: PgPool,
+    amqp_url: String,
+    config: RelayConfig,
+}
+
+#[derive(sqlx::FromRow)]
+struct Claimed {
+    id: i64,
+    tenant_id: i64,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    event_version: i32,
+    payload: Value,
+    headers: Value,
+    occurred_at: DateTime<Utc>,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, amqp_url: &str, config: RelayConfig) -> Self {
+        Self { pool, amqp_url: amqp_url.to_owned(), config }
+    }
+
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// Opens a confirmed publisher on the configured exchange.
+    pub async fn publisher(&self) -> Result<Publisher> {
+        let conn = broker::connect(&self.amqp_url, &format!("{}-relay", self.config.source)).await?;
+        Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout).await
+    }
+
+    /// Claims, publishes and marks one batch of due rows.
+    #[tracing::instrument(skip_all, fields(source = %self.config.source))]
+    pub async fn relay_batch(&self, publisher: &Publisher) -> Result<BatchReport> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<Claimed> = sqlx::query_as(
+            "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                    payload, headers, occurred_at
+             FROM outbox_messages
+             WHERE processed_at IS NULL AND available_at <= now()
+             ORDER BY id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(self.config.batch_size)
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(BatchReport::default());
+        }
+        self.config.fail_points.check(failpoint::RELAY_BEFORE_PUBLISH)?;
+
+        let outgoing: Vec<Outgoing> = rows.iter().map(|r| self.outgoing(r)).collect::<Result<_>>()?;
+        let results = publisher.publish_batch(&outgoing).await;
+
+        // The broker has the messages; a crash from here to the commit means
+        // they are published again (I1 says at least once; consumers dedup).
+        self.config.fail_points.check(failpoint::RELAY_AFTER_CONFIRM)?;
+
+        let mut done = Vec::new();
+        let (mut failed_ids, mut failed_errors) = (Vec::new(), Vec::new());
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Ok(()) => done.push(row.id),
+                Err(e) => {
+                    tracing::warn!(outbox_id = row.id, event_type = %row.event_type, error = %e, "publish failed");
+                    metrics::counter!("outbox_failures", "source" => self.config.source.clone(), "event_type" => row.event_type.clone())
+                        .increment(1);
+                    failed_ids.push(row.id);
+                    failed_errors.push(e.to_string());
+                }
+            }
+        }
+
+        mark_processed(&mut tx, &done).await?;
+        let dead_lettered = if failed_ids.is_empty() {
+            0
+        } else {
+            let moved = move_to_dlq(&mut tx, &failed_ids, &failed_errors, self.config.max_attempts).await?;
+            schedule_retry(&mut tx, &failed_ids, &failed_errors, &self.config).await?;
+            moved
+        };
+        tx.commit().await?;
+
+        metrics::counter!("outbox_throughput", "source" => self.config.source.clone()).increment(done.len() as u64);
+        if dead_lettered > 0 {
+            tracing::error!(count = dead_lettered, "outbox rows moved to the DLQ table after too many attempts");
+        }
+        Ok(BatchReport {
+            claimed: rows.len(),
+            published: done.len(),
+            failed: failed_ids.len(),
+            dead_lettered,
+        })
+    }
+
+    /// Relays batches until none is due. For tests and one-shot tools.
+    pub async fn drain(&self, publisher: &Publisher) -> Result<BatchReport> {
+        let mut total = BatchReport::default();
+        loop {
+            let report = self.relay_batch(publisher).await?;
+            total.add(report);
+            if report.claimed == 0 || (report.published == 0 && report.failed == report.claimed) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs until `shutdown`: wakes on every outbox commit (LISTEN/NOTIFY),
+    /// polls as a fallback, reconnects to the broker and the database after
+    /// either goes away. Returns an error only when a fail point fired.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let mut delay = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            match self.run_connected(&shutdown).await {
+                Ok(()) => return Ok(()),
+                Err(e @ Error::FailPoint(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "relay lost its broker or database; reconnecting");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        let publisher = self.publisher().await?;
+        tracing::info!(source = %self.config.source, exchange = %self.config.exchange, "relay connected");
+        let mut gauges_at = Instant::now() - Duration::from_secs(60);
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let report = self.relay_batch(&publisher).await?;
+            if !publisher.is_usable() {
+                return Err(Error::Config("publisher channel closed".into()));
+            }
+            if gauges_at.elapsed() >= Duration::from_secs(1) {
+                self.update_gauges().await?;
+                gauges_at = Instant::now();
+            }
+            if report.claimed as i64 == self.config.batch_size && report.published > 0 {
+                continue; // more is probably due
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                n = listener.recv() => { n?; }
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// `outbox_lag_seconds` (age of the oldest pending row) and `outbox_dlq_depth`.
+    pub async fn update_gauges(&self) -> Result<()> {
+        let (lag, dlq): (f64, i64) = sqlx::query_as(
+            "SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - occurred_at)::float8
+                              FROM outbox_messages WHERE processed_at IS NULL
+                              ORDER BY id LIMIT 1), 0),
+                    (SELECT count(*) FROM outbox_messages_dlq)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        metrics::gauge!("outbox_lag_seconds", "source" => self.config.source.clone()).set(lag);
+        metrics::gauge!("outbox_dlq_depth", "source" => self.config.source.clone()).set(dlq as f64);
+        Ok(())
+    }
+
+    fn outgoing(&self, row: &Claimed) -> Result<Outgoing> {
+        let envelope = Envelope {
+            id: row.id,
+            source: self.config.source.clone(),
+            tenant_id: row.tenant_id,
+            aggregate_type: row.aggregate_type.clone(),
+            aggregate_id: row.aggregate_id.clone(),
+            event_type: row.event_type.clone(),
+            event_version: row.event_version,
+            occurred_at: row.occurred_at,
+            payload: row.payload.clone(),
+        };
+        let headers = match &row.headers {
+            Value::Object(map) => broker::headers_from_json(map),
+            _ => Default::default(),
+        };
+        Ok(Outgoing {
+            routing_key: envelope.routing_key(),
+            message_id: envelope.message_id(),
+            kind: envelope.event_type.clone(),
+            headers,
+            body: serde_json::to_vec(&envelope)?,
+        })
+    }
+}
+
+async fn mark_processed(tx: &mut sqlx::PgConnection, ids: &[i64]) -> Result<()> {
+    if !ids.is_empty() {
+        sqlx::query("UPDATE outbox_messages SET processed_at = now() WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Moves the rows whose next attempt would exceed `max_attempts` to the DLQ
+/// table; returns how many.
+async fn move_to_dlq(tx: &mut sqlx::PgConnection, ids: &[i64], errors: &[String], max_attempts: i32) -> Result<usize> {
+    let moved = sqlx::query(
+        "WITH failed AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS f(id, error)),
+              moved AS (
+                DELETE FROM outbox_messages o USING failed
+                WHERE o.id = failed.id AND o.attempts + 1 > $3
+                RETURNING o.*, failed.error)
+         INSERT INTO outbox_messages_dlq
+             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+              payload, headers, occurred_at, attempts, last_error)
+         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                payload, headers, occurred_at, attempts + 1, error
+         FROM moved",
+    )
+    .bind(ids)
+    .bind(errors)
+    .bind(max_attempts)
+    .execute(tx)
+    .await?;
+    Ok(moved.rows_affected() as usize)
+}
+
+/// Backs the remaining failed rows off: `attempts + 1`, and due again after
+/// `LEAST(attempts + 1, max_steps) * step`.
+async fn schedule_retry(tx: &mut sqlx::PgConnection, ids: &[i64], errors: &[String], config: &RelayConfig) -> Result<()> {
+    sqlx::query(
+        "UPDATE outbox_messages o
+         SET attempts = o.attempts + 1,
+             available_at = now() + LEAST(o.attempts + 1, $3) * make_interval(secs => $4),
+             last_error = f.error
+         FROM unnest($1::bigint[], $2::text[]) AS f(id, error)
+         WHERE o.id = f.id",
+    )
+    .bind(ids)
+    .bind(errors)
+    .bind(config.backoff_max_steps)
+    .bind(config.backoff_step.as_secs_f64())
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Puts outbox DLQ rows back in the outbox under their original id (so a
+/// consumer that somehow saw them still deduplicates), attempts reset; all
+/// of them when `ids` is `None`. Returns how many.
+pub async fn redrive_dlq(owner: &PgPool, ids: Option<&[i64]>) -> Result<u64> {
+    let moved = sqlx::query(
+        "WITH moved AS (
+            DELETE FROM outbox_messages_dlq WHERE $1::bigint[] IS NULL OR id = ANY($1) RETURNING *)
+         INSERT INTO outbox_messages
+             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at)
+         OVERRIDING SYSTEM VALUE
+         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at
+         FROM moved",
+    )
+    .bind(ids)
+    .execute(owner)
+    .await?
+    .rows_affected();
+    Ok(moved)
+}

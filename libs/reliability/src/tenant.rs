@@ -1,0 +1,105 @@
+//! Tenant identity and tenant-scoped transactions (invariant I7).
+//!
+//! Row-level security reads `app.tenant_id` from the transaction. [`TenantTx`]
+//! is the only way this crate hands out a transaction for tenant data, and it
+//! sets the tenant with `set_config(.., true)`: transaction-local, so a pooled
+//! connection can never carry a tenant into the next request.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+
+/// A tenant: a positive integer, as carried in the JWT `tenant_id` claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct TenantId(i64);
+
+#[derive(Debug, thiserror::Error)]
+#[error("tenant id must be a positive integer, got {0}")]
+pub struct InvalidTenantId(i64);
+
+impl TenantId {
+    pub fn new(id: i64) -> Result<Self, InvalidTenantId> {
+        if id > 0 {
+            Ok(Self(id))
+        } else {
+            Err(InvalidTenantId(id))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for TenantId {
+    type Error = InvalidTenantId;
+    fn try_from(id: i64) -> Result<Self, Self::Error> {
+        Self::new(id)
+    }
+}
+
+impl From<TenantId> for i64 {
+    fn from(t: TenantId) -> i64 {
+        t.0
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A transaction in which row-level security sees exactly one tenant.
+///
+/// Derefs to `PgConnection`, so queries run on `&mut *tx`. Dropping it
+/// without [`TenantTx::commit`] rolls back.
+pub struct TenantTx {
+    tx: Transaction<'static, Postgres>,
+    tenant: TenantId,
+}
+
+impl TenantTx {
+    pub async fn begin(pool: &PgPool, tenant: TenantId) -> sqlx::Result<Self> {
+        let mut tx = pool.begin().await?;
+        set_tenant(&mut tx, tenant).await?;
+        Ok(Self { tx, tenant })
+    }
+
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    pub async fn commit(self) -> sqlx::Result<()> {
+        self.tx.commit().await
+    }
+
+    pub async fn rollback(self) -> sqlx::Result<()> {
+        self.tx.rollback().await
+    }
+}
+
+impl Deref for TenantTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for TenantTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+/// Sets the tenant for the rest of the current transaction only.
+async fn set_tenant(conn: &mut PgConnection, tenant: TenantId) -> sqlx::Result<()> {
+    sqlx::query("SELECT set_config('app.tenant_id', $1, true)")
+        .bind(tenant.get().to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! Test support (feature `testing`): a fresh database per test with the
+//! three roles, unique broker names, a TCP proxy that can cut the broker off,
+//! and waiting on a condition with a deadline instead of sleeping.
+//!
+//! `DATABASE_URL` is a superuser URL (default: the local server as
+//! `postgres`); roles log in the same way, with no password (trust auth, as
+//! on the dev machine and in CI). `AMQP_URL` defaults to the local broker.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Executor, PgPool};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::db;
+
+pub const TEST_DATABASE_PREFIX: &str = "reltest_";
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// `prefix` plus 12 random hex digits: names that never collide across tests.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// A database of its own for one test, migrated, with a pool per role.
+pub struct TestDb {
+    pub name: String,
+    pub owner: PgPool,
+    pub app: PgPool,
+    pub relay: PgPool,
+    admin: PgPool,
+}
+
+impl TestDb {
+    /// The reliability tables only.
+    pub async fn new() -> Self {
+        Self::create(None).await
+    }
+
+    /// The reliability tables and a service's migrations.
+    pub async fn with_migrations(service: &Migrator) -> Self {
+        Self::create(Some(service)).await
+    }
+
+    async fn create(service: Option<&Migrator>) -> Self {
+        let admin_opts = PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL is a valid URL");
+        let admin = db::pool(admin_opts.clone(), 2).await.expect("connect to DATABASE_URL as a superuser");
+        db::ensure_roles(&admin).await.expect("create roles");
+        let name = unique(TEST_DATABASE_PREFIX);
+        db::ensure_database(&admin, &name).await.expect("create test database");
+        let base = admin_opts.database(&name);
+        let owner = db::pool(db::options_for_role(&base, db::OWNER_ROLE), 4).await.expect("connect as owner");
+        db::migrate(&owner, service).await.expect("migrate test database");
+        let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 20).await.expect("connect as app");
+        let relay = db::pool(db::options_for_role(&base, db::RELAY_ROLE), 8).await.expect("connect as relay");
+        Self { name, owner, app, relay, admin }
+    }
+
+    /// Runs `sql` as the owner (test fixtures: tables, grants).
+    pub async fn owner_exec(&self, sql: &'static str) {
+        self.owner.execute(sql).await.expect("fixture SQL");
+    }
+
+    /// Drops the database. Tests that fail leave theirs behind; `make test`
+    /// removes every `reltest_*` database before it runs.
+    pub async fn cleanup(self) {
+        self.app.close().await;
+        self.relay.close().await;
+        self.owner.close().await;
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = self.admin.execute(sqlx::AssertSqlSafe(sql)).await;
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds; panics naming `what` if it
+/// still does not after `deadline`.
+pub async fn wait_until<F, Fut>(deadline: Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A TCP proxy in front of a server (the broker) that a test can cut:
+/// while down it drops live connections and refuses new ones, as a broker
+/// that died would.
+pub struct TcpProxy {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ProxyState>>,
+    stop: CancellationToken,
+}
+
+struct ProxyState {
+    up: bool,
+    generation: CancellationToken,
+}
+
+impl TcpProxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let state = Arc::new(Mutex::new(ProxyState { up: true, generation: CancellationToken::new() }));
+        let stop = CancellationToken::new();
+        let (st, stop2) = (state.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = stop2.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((mut client, _)) = accepted else { continue };
+                let generation = {
+                    let s = st.lock().expect("proxy state");
+                    if !s.up {
+                        continue; // dropping `client` refuses it
+                    }
+                    s.generation.clone()
+                };
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(target).await else { return };
+                    tokio::select! {
+                        () = generation.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, state, stop }
+    }
+
+    /// The broker "dies": live connections are cut, new ones refused.
+    pub fn down(&self) {
+        let mut s = self.state.lock().expect("proxy state");
+        s.up = false;
+        s.generation.cancel();
+        s.generation = CancellationToken::new();
+    }
+
+    /// The broker is back.
+    pub fn up(&self) {
+        self.state.lock().expect("proxy state").up = true;
+    }
+
+    /// An AMQP URL that goes through this proxy.
+    pub fn amqp_url(&self) -> String {
+        let base = amqp_url();
+        let (scheme_auth, rest) = base.split_once('@').unwrap_or(("amqp://guest:guest", base.trim_start_matches("amqp://")));
+        let vhost = rest.split_once('/').map_or("%2f", |(_, v)| v);
+        format!("{scheme_auth}@{}/{vhost}", self.addr)
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.down();
+    }
+}
+
+/// The broker's socket address from `AMQP_URL`.
+pub fn broker_addr() -> SocketAddr {
+    let url = amqp_url();
+    let host_port = url.split_once('@').map_or(url.as_str(), |(_, r)| r);
+    let host_port = host_port.trim_start_matches("amqp://").split('/').next().unwrap_or("127.0.0.1:5672");
+    let host_port = if host_port.contains(':') { host_port.to_owned() } else { format!("{host_port}:5672") };
+    let host_port = host_port.replace("localhost", "127.0.0.1");
+    host_port.parse().expect("AMQP_URL host is an IP address and port")
+}
