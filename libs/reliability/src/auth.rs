@@ -50,9 +50,18 @@ impl JwtKeys {
 
     /// A token for `tenant`, valid for `ttl`.
     pub fn mint(&self, tenant: TenantId, ttl: Duration) -> String {
-        let exp = (SystemTime::now() + ttl).duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &Claims { tenant_id: tenant.get(), exp }, &self.encoding)
-            .expect("HS256 signing with an HMAC key cannot fail")
+        let exp = (SystemTime::now() + ttl)
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &Claims {
+                tenant_id: tenant.get(),
+                exp,
+            },
+            &self.encoding,
+        )
+        .expect("HS256 signing with an HMAC key cannot fail")
     }
 
     /// The tenant of a valid token.

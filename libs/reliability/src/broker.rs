@@ -12,7 +12,9 @@ use lapin::options::{
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 
 use crate::{Error, Result};
 
@@ -91,8 +93,13 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
     };
     let dlq = dead_letter_queue(&spec.queue);
     let mut dlq_args = FieldTable::default();
-    dlq_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
-    channel.queue_declare(dlq.as_str().into(), durable, dlq_args).await?;
+    dlq_args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(dlq.as_str().into(), durable, dlq_args)
+        .await?;
     channel
         .queue_bind(
             dlq.as_str().into(),
@@ -105,15 +112,35 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
 
     let mut args = FieldTable::default();
     // Quorum: replicated by Raft on a cluster, counts deliveries (x-delivery-limit).
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
-    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(spec.delivery_limit.into()));
-    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(dlx.as_str().into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongLongInt(spec.delivery_limit.into()),
+    );
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dlx.as_str().into()),
+    );
     // Route dead letters to this queue's DLQ only, not to every subscriber.
-    args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(spec.queue.as_str().into()));
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(spec.queue.as_str().into()),
+    );
     // At-least-once dead-lettering: a poison message is not lost on its way to the DLQ.
-    args.insert("x-dead-letter-strategy".into(), AMQPValue::LongString("at-least-once".into()));
-    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
-    channel.queue_declare(spec.queue.as_str().into(), durable, args).await?;
+    args.insert(
+        "x-dead-letter-strategy".into(),
+        AMQPValue::LongString("at-least-once".into()),
+    );
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    channel
+        .queue_declare(spec.queue.as_str().into(), durable, args)
+        .await?;
     for key in &spec.bindings {
         channel
             .queue_bind(
@@ -161,11 +188,21 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub async fn new(connection: &Connection, exchange: &str, confirm_timeout: Duration) -> Result<Self> {
+    pub async fn new(
+        connection: &Connection,
+        exchange: &str,
+        confirm_timeout: Duration,
+    ) -> Result<Self> {
         let channel = connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions { nowait: false }).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions { nowait: false })
+            .await?;
         declare_exchange(&channel, exchange).await?;
-        Ok(Self { channel, exchange: exchange.to_owned(), confirm_timeout })
+        Ok(Self {
+            channel,
+            exchange: exchange.to_owned(),
+            confirm_timeout,
+        })
     }
 
     /// False once the channel or its connection has closed (e.g. after
@@ -191,7 +228,10 @@ impl Publisher {
                 .basic_publish(
                     self.exchange.as_str().into(),
                     m.routing_key.as_str().into(),
-                    BasicPublishOptions { mandatory: true, immediate: false },
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
                     &m.body,
                     props,
                 )
@@ -202,9 +242,13 @@ impl Publisher {
             let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
             match confirm.await {
                 Ok(Confirmation::Ack(None)) => Ok(()),
-                Ok(Confirmation::Ack(Some(_))) => Err(PublishFailure::Unroutable(messages[i].routing_key.clone())),
+                Ok(Confirmation::Ack(Some(_))) => {
+                    Err(PublishFailure::Unroutable(messages[i].routing_key.clone()))
+                }
                 Ok(Confirmation::Nack(_)) => Err(PublishFailure::Nacked),
-                Ok(Confirmation::NotRequested) => Err(PublishFailure::Broker("confirms not enabled".into())),
+                Ok(Confirmation::NotRequested) => {
+                    Err(PublishFailure::Broker("confirms not enabled".into()))
+                }
                 Err(e) => Err(PublishFailure::Broker(e.to_string())),
             }
         }));
@@ -226,13 +270,20 @@ pub struct DeadLetter {
 }
 
 /// Lists up to `limit` messages of `queue`'s DLQ without removing them.
-pub async fn peek_dead_letters(connection: &Connection, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
+pub async fn peek_dead_letters(
+    connection: &Connection,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<DeadLetter>> {
     let channel = connection.create_channel().await?;
     let dlq = dead_letter_queue(queue);
     let mut out = Vec::new();
     let mut last_tag = None;
     while out.len() < limit {
-        let Some(msg) = channel.basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false }).await? else {
+        let Some(msg) = channel
+            .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
+            .await?
+        else {
             break;
         };
         let props = &msg.delivery.properties;
@@ -247,7 +298,15 @@ pub async fn peek_dead_letters(connection: &Connection, queue: &str, limit: usiz
     }
     if let Some(tag) = last_tag {
         // Everything we took goes back, in order.
-        channel.basic_nack(tag, BasicNackOptions { multiple: true, requeue: true }).await?;
+        channel
+            .basic_nack(
+                tag,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            )
+            .await?;
     }
     channel.close(200, "peek done".into()).await?;
     Ok(out)
@@ -257,13 +316,26 @@ pub async fn peek_dead_letters(connection: &Connection, queue: &str, limit: usiz
 /// that consumer sees them again). Each is acked off the DLQ only after the
 /// broker confirmed the re-publish, so a crash here duplicates, never loses;
 /// the consumer's dedup absorbs the duplicate.
-pub async fn redrive_dead_letters(connection: &Connection, queue: &str, limit: usize) -> Result<usize> {
+///
+/// Only the messages present when it starts are moved: one that fails again
+/// lands back in the DLQ while this runs and must not be sent round twice.
+pub async fn redrive_dead_letters(
+    connection: &Connection,
+    queue: &str,
+    limit: usize,
+) -> Result<usize> {
     let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions { nowait: false }).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions { nowait: false })
+        .await?;
     let dlq = dead_letter_queue(queue);
+    let limit = limit.min(queue_depth(&channel, &dlq).await? as usize);
     let mut moved = 0;
     while moved < limit {
-        let Some(msg) = channel.basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false }).await? else {
+        let Some(msg) = channel
+            .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
+            .await?
+        else {
             break;
         };
         let mut props = msg.delivery.properties.clone();
@@ -282,16 +354,23 @@ pub async fn redrive_dead_letters(connection: &Connection, queue: &str, limit: u
             .basic_publish(
                 ShortString::from(""),
                 queue.into(),
-                BasicPublishOptions { mandatory: true, immediate: false },
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
                 &msg.delivery.data,
                 props,
             )
             .await?
             .await?;
         if !matches!(confirm, Confirmation::Ack(None)) {
-            return Err(Error::Config(format!("re-drive to queue {queue} was not accepted: {confirm:?}")));
+            return Err(Error::Config(format!(
+                "re-drive to queue {queue} was not accepted: {confirm:?}"
+            )));
         }
-        msg.delivery.ack(lapin::options::BasicAckOptions { multiple: false }).await?;
+        msg.delivery
+            .ack(lapin::options::BasicAckOptions { multiple: false })
+            .await?;
         moved += 1;
     }
     channel.close(200, "redrive done".into()).await?;
@@ -303,7 +382,10 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
     let q = channel
         .queue_declare(
             queue.into(),
-            QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() },
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
             FieldTable::default(),
         )
         .await?;
@@ -312,8 +394,12 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
 
 fn death_reason(headers: Option<&FieldTable>) -> Option<String> {
     let deaths = headers?.inner().get("x-death")?;
-    let AMQPValue::FieldArray(deaths) = deaths else { return None };
-    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else { return None };
+    let AMQPValue::FieldArray(deaths) = deaths else {
+        return None;
+    };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else {
+        return None;
+    };
     match first.inner().get("reason")? {
         AMQPValue::LongString(s) => Some(s.to_string()),
         other => Some(format!("{other:?}")),

@@ -14,12 +14,14 @@
 //! healthy messages.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
-use lapin::message::Delivery;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -34,7 +36,11 @@ use crate::{Error, Result, TenantId, TenantTx};
 /// rows) and nothing outside it, so that the dedup record and the effect
 /// commit or vanish together. Events it does not care about: return `Ok`.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> impl Future<Output = Result<(), HandlerError>> + Send;
+    fn handle(
+        &self,
+        tx: &mut TenantTx,
+        event: &Envelope,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,11 +127,49 @@ pub struct Consumer<H> {
     amqp_url: String,
     config: ConsumerConfig,
     handler: H,
+    stats: Arc<Counters>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+/// Deliveries this consumer finished since it was built (the same figures
+/// as its metrics, readable without a recorder).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerStats {
+    pub applied: u64,
+    pub duplicates: u64,
+    pub dead_lettered: u64,
+}
+
+impl ConsumerStats {
+    /// Deliveries acked or dead-lettered.
+    pub fn finished(&self) -> u64 {
+        self.applied + self.duplicates + self.dead_lettered
+    }
 }
 
 impl<H: Handler> Consumer<H> {
     pub fn new(pool: PgPool, amqp_url: &str, config: ConsumerConfig, handler: H) -> Self {
-        Self { pool, amqp_url: amqp_url.to_owned(), config, handler }
+        Self {
+            pool,
+            amqp_url: amqp_url.to_owned(),
+            config,
+            handler,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> ConsumerStats {
+        ConsumerStats {
+            applied: self.stats.applied.load(Ordering::Relaxed),
+            duplicates: self.stats.duplicates.load(Ordering::Relaxed),
+            dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
+        }
     }
 
     pub fn config(&self) -> &ConsumerConfig {
@@ -139,7 +183,8 @@ impl<H: Handler> Consumer<H> {
     /// Applies `event` once: dedup record, handler, offset, commit.
     #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
-        let tenant = TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()))?;
+        let tenant =
+            TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()))?;
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
         let fresh = sqlx::query(
             "INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
@@ -174,7 +219,11 @@ impl<H: Handler> Consumer<H> {
         .bind(event.id)
         .execute(&mut *tx)
         .await?;
-        if let Err(Error::FailPoint(name)) = self.config.fail_points.check(failpoint::CONSUMER_BEFORE_COMMIT) {
+        if let Err(Error::FailPoint(name)) = self
+            .config
+            .fail_points
+            .check(failpoint::CONSUMER_BEFORE_COMMIT)
+        {
             return Err(ApplyError::FailPoint(name));
         }
         tx.commit().await?;
@@ -204,7 +253,16 @@ impl<H: Handler> Consumer<H> {
     }
 
     async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
-        let conn = broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
+        let conn =
+            broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
+        let result = self.consume(&conn, shutdown).await;
+        // Closing hands unacked deliveries back to the broker now rather than
+        // at the heartbeat timeout; after a simulated crash too.
+        let _ = conn.close(200, "consumer stopped".into()).await;
+        result
+    }
+
+    async fn consume(&self, conn: &lapin::Connection, shutdown: &CancellationToken) -> Result<()> {
         let channel = conn.create_channel().await?;
         broker::declare_queue(&channel, &self.config.queue).await?;
         channel
@@ -264,9 +322,15 @@ impl<H: Handler> Consumer<H> {
         loop {
             let failure = match self.apply(&event).await {
                 Ok(outcome) => {
-                    self.config.fail_points.check(failpoint::CONSUMER_AFTER_COMMIT)?;
+                    self.config
+                        .fail_points
+                        .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                     delivery.ack(BasicAckOptions { multiple: false }).await?;
-                    let label = if outcome == Outcome::Applied { "applied" } else { "duplicate" };
+                    let (label, counter) = match outcome {
+                        Outcome::Applied => ("applied", &self.stats.applied),
+                        Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("consumer_messages_total", "consumer" => self.config.name.clone(), "outcome" => label)
                         .increment(1);
                     return Ok(true);
@@ -299,7 +363,10 @@ impl<H: Handler> Consumer<H> {
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &'static str) -> Result<()> {
-        delivery.reject(BasicRejectOptions { requeue: false }).await?;
+        delivery
+            .reject(BasicRejectOptions { requeue: false })
+            .await?;
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("consumer_dead_lettered_total", "consumer" => self.config.name.clone(), "reason" => reason)
             .increment(1);
         Ok(())
@@ -318,7 +385,11 @@ fn is_outage(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
             // connection exception, admin shutdown, cannot connect now, too many
             // connections, serialization failure, deadlock
-            c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") || c == "40001" || c == "40P01"
+            c.starts_with("08")
+                || c.starts_with("57P")
+                || c.starts_with("53")
+                || c == "40001"
+                || c == "40P01"
         }),
         _ => false,
     }

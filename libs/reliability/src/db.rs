@@ -66,13 +66,19 @@ pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
 
 /// Creates `database` owned by the owner role unless it exists.
 pub async fn ensure_database(superuser: &PgPool, database: &str) -> Result<()> {
-    if !database.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(crate::Error::Config(format!("database name `{database}` must be [A-Za-z0-9_]")));
+    if !database
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(crate::Error::Config(format!(
+            "database name `{database}` must be [A-Za-z0-9_]"
+        )));
     }
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)")
-        .bind(database)
-        .fetch_one(superuser)
-        .await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)")
+            .bind(database)
+            .fetch_one(superuser)
+            .await?;
     if !exists {
         // Checked above to be a plain identifier: nothing to inject.
         let sql = format!("CREATE DATABASE {database} OWNER {OWNER_ROLE}");

@@ -68,7 +68,11 @@ impl FailPoints {
             let action = match action {
                 "error" => Action::Error,
                 "abort" => Action::Abort,
-                other => return Err(Error::Config(format!("unknown fail point action `{other}`"))),
+                other => {
+                    return Err(Error::Config(format!(
+                        "unknown fail point action `{other}`"
+                    )));
+                }
             };
             points.arm_with(name, action, repeat);
         }
@@ -103,7 +107,10 @@ impl FailPoints {
         match fired {
             None => Ok(()),
             Some(Action::Error) => {
-                tracing::warn!(fail_point = name, "fail point fired: stopping as if crashed");
+                tracing::warn!(
+                    fail_point = name,
+                    "fail point fired: stopping as if crashed"
+                );
                 Err(Error::FailPoint(name))
             }
             Some(Action::Abort) => {

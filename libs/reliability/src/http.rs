@@ -17,17 +17,30 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 
     /// A 500 whose cause is logged here, once, and never shown to the client.
     pub fn internal(cause: &dyn std::fmt::Display) -> Self {
         tracing::error!(error = %cause, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "internal error")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "internal error",
+        )
     }
 
     pub fn body(&self) -> ErrorBody<'_> {
-        ErrorBody { error: ErrorDetail { code: self.code, message: &self.message } }
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: &self.message,
+            },
+        }
     }
 }
 

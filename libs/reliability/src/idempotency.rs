@@ -51,7 +51,11 @@ pub struct IdempotencyConfig {
 impl IdempotencyConfig {
     /// Waits 5 s for an in-flight twin; remembers keys 24 h.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool, wait: Duration::from_secs(5), ttl: Duration::from_secs(24 * 3600) }
+        Self {
+            pool,
+            wait: Duration::from_secs(5),
+            ttl: Duration::from_secs(24 * 3600),
+        }
     }
 }
 
@@ -78,7 +82,9 @@ impl<T> Idempotent<T> {
             return Ok(json_response(status, bytes));
         }
         if status.is_client_error() {
-            sqlx::query(ROLLBACK_TO_SAVEPOINT).execute(&mut *self.tx).await?;
+            sqlx::query(ROLLBACK_TO_SAVEPOINT)
+                .execute(&mut *self.tx)
+                .await?;
         }
         sqlx::query(
             "UPDATE idempotency_keys
@@ -99,7 +105,15 @@ impl<T> Idempotent<T> {
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
-    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 fn bad_request(code: &'static str, message: &str) -> Response {
@@ -107,13 +121,17 @@ fn bad_request(code: &'static str, message: &str) -> Response {
 }
 
 /// 1 to 255 visible ASCII characters.
-fn parse_key(headers: &HeaderMap) -> Result<String, Response> {
-    let raw = headers
-        .get(HEADER)
-        .ok_or_else(|| bad_request("idempotency_key_missing", "the Idempotency-Key header is required"))?;
+fn parse_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let bad = |code, message: &str| ApiError::new(StatusCode::BAD_REQUEST, code, message);
+    let raw = headers.get(HEADER).ok_or_else(|| {
+        bad(
+            "idempotency_key_missing",
+            "the Idempotency-Key header is required",
+        )
+    })?;
     let bytes = raw.as_bytes();
     if bytes.is_empty() || bytes.len() > 255 || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
-        return Err(bad_request(
+        return Err(bad(
             "idempotency_key_invalid",
             "Idempotency-Key must be 1 to 255 visible ASCII characters",
         ));
@@ -140,33 +158,56 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
         let started = Instant::now();
         let (mut parts, body) = req.into_parts();
-        let tenant = TenantId::from_request_parts(&mut parts, state).await.map_err(IntoResponse::into_response)?;
-        let key = parse_key(&parts.headers)?;
-        let route = parts.extensions.get::<MatchedPath>().map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+        let tenant = TenantId::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let key = parse_key(&parts.headers).map_err(IntoResponse::into_response)?;
+        let route = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
         let scope = format!("{} {route}", parts.method);
 
-        let bytes = Bytes::from_request(Request::from_parts(parts, body), state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body exceeds the size limit").into_response()
-            } else {
-                bad_request("unreadable_body", "the request body could not be read")
-            }
-        })?;
-        let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|_| bad_request("malformed_json", "the body is not valid JSON"))?;
+        let bytes = Bytes::from_request(Request::from_parts(parts, body), state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        "the body exceeds the size limit",
+                    )
+                    .into_response()
+                } else {
+                    bad_request("unreadable_body", "the request body could not be read")
+                }
+            })?;
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|_| bad_request("malformed_json", "the body is not valid JSON"))?;
         let hash = request_hash(&value);
         let body: T = serde_json::from_value(value).map_err(|e| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", format!("the body does not match the schema: {e}"))
-                .into_response()
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                format!("the body does not match the schema: {e}"),
+            )
+            .into_response()
         })?;
 
         let config = IdempotencyConfig::from_ref(state);
         let outcome = claim(&config, tenant, &scope, &key, &hash).await;
-        metrics::histogram!("idempotency_check_duration", "scope" => scope.clone()).record(started.elapsed().as_secs_f64());
+        metrics::histogram!("idempotency_check_duration", "scope" => scope.clone())
+            .record(started.elapsed().as_secs_f64());
         match outcome {
             Ok(Claim::Fresh(tx)) => {
-                metrics::counter!("idempotency_cache_misses_total", "scope" => scope.clone()).increment(1);
-                Ok(Self { body, tx, scope, key })
+                metrics::counter!("idempotency_cache_misses_total", "scope" => scope.clone())
+                    .increment(1);
+                Ok(Self {
+                    body,
+                    tx,
+                    scope,
+                    key,
+                })
             }
             Ok(Claim::Done(response)) => {
                 metrics::counter!("idempotency_cache_hits_total", "scope" => scope).increment(1);
@@ -177,13 +218,27 @@ where
     }
 }
 
+#[derive(sqlx::FromRow)]
+struct Stored {
+    request_hash: Vec<u8>,
+    response_status: Option<i16>,
+    response_content_type: Option<String>,
+    response_body: Option<Vec<u8>>,
+}
+
 enum Claim {
     Fresh(TenantTx),
     /// A stored response, a 409, or a 425: the handler must not run.
     Done(Response),
 }
 
-async fn claim(config: &IdempotencyConfig, tenant: TenantId, scope: &str, key: &str, hash: &[u8]) -> Result<Claim> {
+async fn claim(
+    config: &IdempotencyConfig,
+    tenant: TenantId,
+    scope: &str,
+    key: &str,
+    hash: &[u8],
+) -> Result<Claim> {
     let mut tx = TenantTx::begin(&config.pool, tenant).await?;
     // Bounds the wait on an in-flight twin's uncommitted row.
     sqlx::query("SELECT set_config('lock_timeout', $1, true)")
@@ -209,15 +264,19 @@ async fn claim(config: &IdempotencyConfig, tenant: TenantId, scope: &str, key: &
     .await;
     match claimed {
         Ok(Some(_)) => {
-            sqlx::query("SELECT set_config('lock_timeout', '0', true)").execute(&mut *tx).await?;
+            sqlx::query("SELECT set_config('lock_timeout', '0', true)")
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(SAVEPOINT).execute(&mut *tx).await?;
             return Ok(Claim::Fresh(tx));
         }
         Ok(None) => {}
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => return Ok(Claim::Done(still_in_flight())),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+            return Ok(Claim::Done(still_in_flight()));
+        }
         Err(e) => return Err(e.into()),
     }
-    let stored: Option<(Vec<u8>, Option<i16>, Option<String>, Option<Vec<u8>>)> = sqlx::query_as(
+    let stored: Option<Stored> = sqlx::query_as(
         "SELECT request_hash, response_status, response_content_type, response_body
          FROM idempotency_keys WHERE tenant_id = $1 AND scope = $2 AND key = $3",
     )
@@ -228,18 +287,27 @@ async fn claim(config: &IdempotencyConfig, tenant: TenantId, scope: &str, key: &
     .await?;
     tx.rollback().await?;
     let response = match stored {
-        Some((stored_hash, _, _, _)) if stored_hash != hash => ApiError::new(
+        Some(stored) if stored.request_hash != hash => ApiError::new(
             StatusCode::CONFLICT,
             "idempotency_key_reused",
             "this Idempotency-Key was used with a different request body",
         )
         .into_response(),
-        Some((_, Some(status), content_type, Some(body))) => {
+        Some(Stored {
+            response_status: Some(status),
+            response_content_type: content_type,
+            response_body: Some(body),
+            ..
+        }) => {
             let status = StatusCode::from_u16(status as u16).unwrap_or(StatusCode::OK);
             let content_type = content_type.unwrap_or_else(|| "application/json".to_owned());
             let mut response = (status, body).into_response();
             let headers = response.headers_mut();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(&content_type).unwrap_or(HeaderValue::from_static("application/json")));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&content_type)
+                    .unwrap_or(HeaderValue::from_static("application/json")),
+            );
             headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
             response
         }
@@ -256,7 +324,9 @@ fn still_in_flight() -> Response {
         "a request with this Idempotency-Key is still being processed; retry later",
     )
     .into_response();
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }
 
@@ -267,10 +337,15 @@ mod tests {
 
     #[test]
     fn hash_ignores_key_order_whitespace_and_number_spelling() {
-        let a: serde_json::Value = serde_json::from_str(r#"{"b": [1, {"y": 2.0, "x": "s"}], "a": 1}"#).unwrap();
-        let b: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":[1,{"x":"s","y":2}]}"#).unwrap();
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"b": [1, {"y": 2.0, "x": "s"}], "a": 1}"#).unwrap();
+        let b: serde_json::Value =
+            serde_json::from_str(r#"{"a":1,"b":[1,{"x":"s","y":2}]}"#).unwrap();
         assert_eq!(request_hash(&a), request_hash(&b));
-        assert_ne!(request_hash(&a), request_hash(&json!({"a": 2, "b": [1, {"x": "s", "y": 2}]})));
+        assert_ne!(
+            request_hash(&a),
+            request_hash(&json!({"a": 2, "b": [1, {"x": "s", "y": 2}]}))
+        );
     }
 
     #[test]

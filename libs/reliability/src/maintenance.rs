@@ -57,7 +57,8 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
     let archived = archive_processed(owner, config.archive_after, config.batch_size).await?;
     let partitions_dropped = drop_old_archive_partitions(owner, config.drop_archive_after).await?;
     let expired_keys_deleted = delete_expired_idempotency_keys(owner, config.batch_size).await?;
-    let processed_records_deleted = forget_processed_messages(owner, config.forget_processed_after, config.batch_size).await?;
+    let processed_records_deleted =
+        forget_processed_messages(owner, config.forget_processed_after, config.batch_size).await?;
     let report = MaintenanceReport {
         partitions_created,
         partitions_dropped,
@@ -87,11 +88,17 @@ fn month_start(date: NaiveDate) -> NaiveDate {
 }
 
 fn next_month(date: NaiveDate) -> NaiveDate {
-    month_start(date).checked_add_months(chrono::Months::new(1)).expect("date in range")
+    month_start(date)
+        .checked_add_months(chrono::Months::new(1))
+        .expect("date in range")
 }
 
 fn partition_name(month: NaiveDate) -> String {
-    format!("outbox_messages_archive_y{:04}m{:02}", month.year(), month.month())
+    format!(
+        "outbox_messages_archive_y{:04}m{:02}",
+        month.year(),
+        month.month()
+    )
 }
 
 /// Creates the archive partitions of the current month and `months_ahead`
@@ -129,8 +136,13 @@ pub async fn ensure_archive_partitions(owner: &PgPool, months_ahead: u32) -> Res
 
 /// Drops monthly archive partitions whose whole month ended more than
 /// `older_than` ago; returns their names.
-pub async fn drop_old_archive_partitions(owner: &PgPool, older_than: Duration) -> Result<Vec<String>> {
-    let cutoff = (Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX)).date_naive();
+pub async fn drop_old_archive_partitions(
+    owner: &PgPool,
+    older_than: Duration,
+) -> Result<Vec<String>> {
+    let cutoff = (Utc::now()
+        - chrono::Duration::from_std(older_than).unwrap_or(chrono::TimeDelta::MAX))
+    .date_naive();
     let children: Vec<String> = sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_inherits i
          JOIN pg_class c ON c.oid = i.inhrelid
@@ -140,10 +152,14 @@ pub async fn drop_old_archive_partitions(owner: &PgPool, older_than: Duration) -
     .await?;
     let mut dropped = Vec::new();
     for name in children {
-        let Some(month) = parse_partition_month(&name) else { continue };
+        let Some(month) = parse_partition_month(&name) else {
+            continue;
+        };
         if next_month(month) <= cutoff {
             // The name matched our own pattern: nothing to inject.
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {name}"))).execute(owner).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {name}")))
+                .execute(owner)
+                .await?;
             dropped.push(name);
         }
     }
@@ -202,7 +218,11 @@ pub async fn delete_expired_idempotency_keys(owner: &PgPool, batch: i64) -> Resu
 }
 
 /// Deletes consumer dedup records older than `older_than`.
-pub async fn forget_processed_messages(owner: &PgPool, older_than: Duration, batch: i64) -> Result<u64> {
+pub async fn forget_processed_messages(
+    owner: &PgPool,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64> {
     delete_in_batches(
         owner,
         "DELETE FROM processed_messages WHERE ctid IN (
@@ -214,7 +234,12 @@ pub async fn forget_processed_messages(owner: &PgPool, older_than: Duration, bat
     .await
 }
 
-async fn delete_in_batches(owner: &PgPool, sql: &'static str, age_secs: Option<f64>, batch: i64) -> Result<u64> {
+async fn delete_in_batches(
+    owner: &PgPool,
+    sql: &'static str,
+    age_secs: Option<f64>,
+    batch: i64,
+) -> Result<u64> {
     let mut total = 0;
     loop {
         let mut q = sqlx::query(sql).bind(batch);

@@ -23,7 +23,10 @@ pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let handle = PrometheusBuilder::new()
-                .set_buckets(&[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+                .set_buckets(&[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ])
                 .expect("bucket list is not empty")
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process");

@@ -43,7 +43,8 @@ impl NewEvent {
     }
 
     pub fn header(mut self, name: &str, value: impl Into<String>) -> Self {
-        self.headers.insert(name.to_owned(), Value::String(value.into()));
+        self.headers
+            .insert(name.to_owned(), Value::String(value.into()));
         self
     }
 }

@@ -106,7 +106,11 @@ struct Claimed {
 
 impl Relay {
     pub fn new(pool: PgPool, amqp_url: &str, config: RelayConfig) -> Self {
-        Self { pool, amqp_url: amqp_url.to_owned(), config }
+        Self {
+            pool,
+            amqp_url: amqp_url.to_owned(),
+            config,
+        }
     }
 
     pub fn config(&self) -> &RelayConfig {
@@ -115,7 +119,8 @@ impl Relay {
 
     /// Opens a confirmed publisher on the configured exchange.
     pub async fn publisher(&self) -> Result<Publisher> {
-        let conn = broker::connect(&self.amqp_url, &format!("{}-relay", self.config.source)).await?;
+        let conn =
+            broker::connect(&self.amqp_url, &format!("{}-relay", self.config.source)).await?;
         Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout).await
     }
 
@@ -139,14 +144,21 @@ impl Relay {
             tx.commit().await?;
             return Ok(BatchReport::default());
         }
-        self.config.fail_points.check(failpoint::RELAY_BEFORE_PUBLISH)?;
+        self.config
+            .fail_points
+            .check(failpoint::RELAY_BEFORE_PUBLISH)?;
 
-        let outgoing: Vec<Outgoing> = rows.iter().map(|r| self.outgoing(r)).collect::<Result<_>>()?;
+        let outgoing: Vec<Outgoing> = rows
+            .iter()
+            .map(|r| self.outgoing(r))
+            .collect::<Result<_>>()?;
         let results = publisher.publish_batch(&outgoing).await;
 
         // The broker has the messages; a crash from here to the commit means
         // they are published again (I1 says at least once; consumers dedup).
-        self.config.fail_points.check(failpoint::RELAY_AFTER_CONFIRM)?;
+        self.config
+            .fail_points
+            .check(failpoint::RELAY_AFTER_CONFIRM)?;
 
         let mut done = Vec::new();
         let (mut failed_ids, mut failed_errors) = (Vec::new(), Vec::new());
@@ -167,15 +179,25 @@ impl Relay {
         let dead_lettered = if failed_ids.is_empty() {
             0
         } else {
-            let moved = move_to_dlq(&mut tx, &failed_ids, &failed_errors, self.config.max_attempts).await?;
+            let moved = move_to_dlq(
+                &mut tx,
+                &failed_ids,
+                &failed_errors,
+                self.config.max_attempts,
+            )
+            .await?;
             schedule_retry(&mut tx, &failed_ids, &failed_errors, &self.config).await?;
             moved
         };
         tx.commit().await?;
 
-        metrics::counter!("outbox_throughput", "source" => self.config.source.clone()).increment(done.len() as u64);
+        metrics::counter!("outbox_throughput", "source" => self.config.source.clone())
+            .increment(done.len() as u64);
         if dead_lettered > 0 {
-            tracing::error!(count = dead_lettered, "outbox rows moved to the DLQ table after too many attempts");
+            tracing::error!(
+                count = dead_lettered,
+                "outbox rows moved to the DLQ table after too many attempts"
+            );
         }
         Ok(BatchReport {
             claimed: rows.len(),
@@ -301,7 +323,12 @@ async fn mark_processed(tx: &mut sqlx::PgConnection, ids: &[i64]) -> Result<()> 
 
 /// Moves the rows whose next attempt would exceed `max_attempts` to the DLQ
 /// table; returns how many.
-async fn move_to_dlq(tx: &mut sqlx::PgConnection, ids: &[i64], errors: &[String], max_attempts: i32) -> Result<usize> {
+async fn move_to_dlq(
+    tx: &mut sqlx::PgConnection,
+    ids: &[i64],
+    errors: &[String],
+    max_attempts: i32,
+) -> Result<usize> {
     let moved = sqlx::query(
         "WITH failed AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS f(id, error)),
               moved AS (
@@ -325,7 +352,12 @@ async fn move_to_dlq(tx: &mut sqlx::PgConnection, ids: &[i64], errors: &[String]
 
 /// Backs the remaining failed rows off: `attempts + 1`, and due again after
 /// `LEAST(attempts + 1, max_steps) * step`.
-async fn schedule_retry(tx: &mut sqlx::PgConnection, ids: &[i64], errors: &[String], config: &RelayConfig) -> Result<()> {
+async fn schedule_retry(
+    tx: &mut sqlx::PgConnection,
+    ids: &[i64],
+    errors: &[String],
+    config: &RelayConfig,
+) -> Result<()> {
     sqlx::query(
         "UPDATE outbox_messages o
          SET attempts = o.attempts + 1,
@@ -361,4 +393,48 @@ pub async fn redrive_dlq(owner: &PgPool, ids: Option<&[i64]>) -> Result<u64> {
     .await?
     .rows_affected();
     Ok(moved)
+}
+
+/// An outbox row that exhausted its attempts, as an operator sees it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct DlqRow {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub event_type: String,
+    pub aggregate_id: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub failed_at: DateTime<Utc>,
+}
+
+/// The first `limit` outbox DLQ rows by id.
+pub async fn list_dlq(owner: &PgPool, limit: i64) -> Result<Vec<DlqRow>> {
+    Ok(sqlx::query_as(
+        "SELECT id, tenant_id, event_type, aggregate_id, attempts, last_error, failed_at
+         FROM outbox_messages_dlq ORDER BY id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(owner)
+    .await?)
+}
+
+/// Outbox health at a glance.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct OutboxStatus {
+    pub pending: i64,
+    pub oldest_pending_seconds: Option<f64>,
+    pub max_attempts: Option<i32>,
+    pub dlq: i64,
+}
+
+pub async fn outbox_status(owner: &PgPool) -> Result<OutboxStatus> {
+    Ok(sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL) AS pending,
+                (SELECT EXTRACT(EPOCH FROM now() - min(occurred_at))::float8
+                 FROM outbox_messages WHERE processed_at IS NULL) AS oldest_pending_seconds,
+                (SELECT max(attempts) FROM outbox_messages WHERE processed_at IS NULL) AS max_attempts,
+                (SELECT count(*) FROM outbox_messages_dlq) AS dlq",
+    )
+    .fetch_one(owner)
+    .await?)
 }

@@ -23,7 +23,8 @@ use crate::db;
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
 pub fn amqp_url() -> String {
@@ -32,7 +33,10 @@ pub fn amqp_url() -> String {
 
 /// `prefix` plus 12 random hex digits: names that never collide across tests.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// A database of its own for one test, migrated, with a pool per role.
@@ -41,7 +45,8 @@ pub struct TestDb {
     pub owner: PgPool,
     pub app: PgPool,
     pub relay: PgPool,
-    admin: PgPool,
+    /// The superuser connection (server-wide views such as `pg_stat_activity`).
+    pub admin: PgPool,
 }
 
 impl TestDb {
@@ -56,17 +61,36 @@ impl TestDb {
     }
 
     async fn create(service: Option<&Migrator>) -> Self {
-        let admin_opts = PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL is a valid URL");
-        let admin = db::pool(admin_opts.clone(), 2).await.expect("connect to DATABASE_URL as a superuser");
+        let admin_opts =
+            PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL is a valid URL");
+        let admin = db::pool(admin_opts.clone(), 2)
+            .await
+            .expect("connect to DATABASE_URL as a superuser");
         db::ensure_roles(&admin).await.expect("create roles");
         let name = unique(TEST_DATABASE_PREFIX);
-        db::ensure_database(&admin, &name).await.expect("create test database");
+        db::ensure_database(&admin, &name)
+            .await
+            .expect("create test database");
         let base = admin_opts.database(&name);
-        let owner = db::pool(db::options_for_role(&base, db::OWNER_ROLE), 4).await.expect("connect as owner");
-        db::migrate(&owner, service).await.expect("migrate test database");
-        let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 20).await.expect("connect as app");
-        let relay = db::pool(db::options_for_role(&base, db::RELAY_ROLE), 8).await.expect("connect as relay");
-        Self { name, owner, app, relay, admin }
+        let owner = db::pool(db::options_for_role(&base, db::OWNER_ROLE), 4)
+            .await
+            .expect("connect as owner");
+        db::migrate(&owner, service)
+            .await
+            .expect("migrate test database");
+        let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 20)
+            .await
+            .expect("connect as app");
+        let relay = db::pool(db::options_for_role(&base, db::RELAY_ROLE), 8)
+            .await
+            .expect("connect as relay");
+        Self {
+            name,
+            owner,
+            app,
+            relay,
+            admin,
+        }
     }
 
     /// Runs `sql` as the owner (test fixtures: tables, grants).
@@ -97,7 +121,10 @@ where
         if condition().await {
             return;
         }
-        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for: {what}");
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -120,7 +147,10 @@ impl TcpProxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let state = Arc::new(Mutex::new(ProxyState { up: true, generation: CancellationToken::new() }));
+        let state = Arc::new(Mutex::new(ProxyState {
+            up: true,
+            generation: CancellationToken::new(),
+        }));
         let stop = CancellationToken::new();
         let (st, stop2) = (state.clone(), stop.clone());
         tokio::spawn(async move {
@@ -129,7 +159,9 @@ impl TcpProxy {
                     () = stop2.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((mut client, _)) = accepted else { continue };
+                let Ok((mut client, _)) = accepted else {
+                    continue;
+                };
                 let generation = {
                     let s = st.lock().expect("proxy state");
                     if !s.up {
@@ -138,7 +170,9 @@ impl TcpProxy {
                     s.generation.clone()
                 };
                 tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(target).await else { return };
+                    let Ok(mut server) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     tokio::select! {
                         () = generation.cancelled() => {}
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
@@ -165,7 +199,9 @@ impl TcpProxy {
     /// An AMQP URL that goes through this proxy.
     pub fn amqp_url(&self) -> String {
         let base = amqp_url();
-        let (scheme_auth, rest) = base.split_once('@').unwrap_or(("amqp://guest:guest", base.trim_start_matches("amqp://")));
+        let (scheme_auth, rest) = base
+            .split_once('@')
+            .unwrap_or(("amqp://guest:guest", base.trim_start_matches("amqp://")));
         let vhost = rest.split_once('/').map_or("%2f", |(_, v)| v);
         format!("{scheme_auth}@{}/{vhost}", self.addr)
     }
@@ -182,8 +218,18 @@ impl Drop for TcpProxy {
 pub fn broker_addr() -> SocketAddr {
     let url = amqp_url();
     let host_port = url.split_once('@').map_or(url.as_str(), |(_, r)| r);
-    let host_port = host_port.trim_start_matches("amqp://").split('/').next().unwrap_or("127.0.0.1:5672");
-    let host_port = if host_port.contains(':') { host_port.to_owned() } else { format!("{host_port}:5672") };
+    let host_port = host_port
+        .trim_start_matches("amqp://")
+        .split('/')
+        .next()
+        .unwrap_or("127.0.0.1:5672");
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5672")
+    };
     let host_port = host_port.replace("localhost", "127.0.0.1");
-    host_port.parse().expect("AMQP_URL host is an IP address and port")
+    host_port
+        .parse()
+        .expect("AMQP_URL host is an IP address and port")
 }

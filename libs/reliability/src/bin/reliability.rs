@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use reliability::{auth::JwtKeys, broker, db, maintenance, TenantId};
+use reliability::{TenantId, auth::JwtKeys, broker, db, maintenance, relay};
 use sqlx::postgres::PgConnectOptions;
 
 #[derive(Parser)]
@@ -23,7 +23,11 @@ enum Command {
     /// Create the roles, then each database with the reliability tables.
     Setup {
         /// A superuser connection (creates roles and databases).
-        #[arg(long, env = "ADMIN_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+        #[arg(
+            long,
+            env = "ADMIN_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+        )]
         admin_url: String,
         /// Databases to create and migrate, e.g. orders inventory.
         databases: Vec<String>,
@@ -50,7 +54,11 @@ enum Command {
     },
     /// Dead-lettered messages of a consumer queue (left in place).
     DlqList {
-        #[arg(long, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
         amqp_url: String,
         #[arg(long)]
         queue: String,
@@ -59,7 +67,11 @@ enum Command {
     },
     /// Move a consumer's dead letters back onto its queue.
     DlqRedrive {
-        #[arg(long, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
         amqp_url: String,
         #[arg(long)]
         queue: String,
@@ -84,75 +96,91 @@ enum Command {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     match Cli::parse().command {
-        Command::Setup { admin_url, databases } => {
+        Command::Setup {
+            admin_url,
+            databases,
+        } => {
             let admin_opts = PgConnectOptions::from_str(&admin_url).context("parse admin URL")?;
-            let admin = db::pool(admin_opts.clone(), 1).await.context("connect as superuser")?;
+            let admin = db::pool(admin_opts.clone(), 1)
+                .await
+                .context("connect as superuser")?;
             db::ensure_roles(&admin).await.context("create roles")?;
             for name in databases {
-                db::ensure_database(&admin, &name).await.with_context(|| format!("create database {name}"))?;
-                let owner = db::pool(db::options_for_role(&admin_opts.clone().database(&name), db::OWNER_ROLE), 1).await?;
-                db::migrate(&owner, None).await.with_context(|| format!("migrate {name}"))?;
+                db::ensure_database(&admin, &name)
+                    .await
+                    .with_context(|| format!("create database {name}"))?;
+                let owner = db::pool(
+                    db::options_for_role(&admin_opts.clone().database(&name), db::OWNER_ROLE),
+                    1,
+                )
+                .await?;
+                db::migrate(&owner, None)
+                    .await
+                    .with_context(|| format!("migrate {name}"))?;
                 println!("database {name}: ready");
             }
         }
         Command::OutboxStatus { database_url } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            let (pending, oldest, attempts, dlq): (i64, Option<f64>, Option<i32>, i64) = sqlx::query_as(
-                "SELECT (SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL),
-                        (SELECT EXTRACT(EPOCH FROM now() - min(occurred_at))::float8 FROM outbox_messages WHERE processed_at IS NULL),
-                        (SELECT max(attempts) FROM outbox_messages WHERE processed_at IS NULL),
-                        (SELECT count(*) FROM outbox_messages_dlq)",
-            )
-            .fetch_one(&pool)
-            .await?;
             println!(
                 "{}",
-                serde_json::json!({"pending": pending, "oldest_pending_seconds": oldest, "max_attempts": attempts, "dlq": dlq})
+                serde_json::to_string(&relay::outbox_status(&pool).await?)?
             );
         }
-        Command::OutboxDlqList { database_url, limit } => {
+        Command::OutboxDlqList {
+            database_url,
+            limit,
+        } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            let rows: Vec<(i64, i64, String, String, i32, Option<String>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-                "SELECT id, tenant_id, event_type, aggregate_id, attempts, last_error, failed_at
-                 FROM outbox_messages_dlq ORDER BY id LIMIT $1",
-            )
-            .bind(limit)
-            .fetch_all(&pool)
-            .await?;
-            for (id, tenant, event_type, aggregate_id, attempts, error, failed_at) in rows {
-                println!(
-                    "{}",
-                    serde_json::json!({"id": id, "tenant_id": tenant, "event_type": event_type, "aggregate_id": aggregate_id,
-                                       "attempts": attempts, "last_error": error, "failed_at": failed_at})
-                );
+            for row in relay::list_dlq(&pool, limit).await? {
+                println!("{}", serde_json::to_string(&row)?);
             }
         }
         Command::OutboxDlqRedrive { database_url, ids } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            let moved = reliability::relay::redrive_dlq(&pool, (!ids.is_empty()).then_some(ids.as_slice())).await?;
+            let moved =
+                relay::redrive_dlq(&pool, (!ids.is_empty()).then_some(ids.as_slice())).await?;
             println!("re-drove {moved} outbox row(s)");
         }
-        Command::DlqList { amqp_url, queue, limit } => {
+        Command::DlqList {
+            amqp_url,
+            queue,
+            limit,
+        } => {
             let conn = broker::connect(&amqp_url, "reliability-cli").await?;
             for letter in broker::peek_dead_letters(&conn, &queue, limit).await? {
                 println!("{}", serde_json::to_string(&letter)?);
             }
         }
-        Command::DlqRedrive { amqp_url, queue, limit } => {
+        Command::DlqRedrive {
+            amqp_url,
+            queue,
+            limit,
+        } => {
             let conn = broker::connect(&amqp_url, "reliability-cli").await?;
             let moved = broker::redrive_dead_letters(&conn, &queue, limit).await?;
             println!("re-drove {moved} message(s) onto {queue}");
         }
         Command::Maintenance { database_url } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            let report = maintenance::run_once(&pool, &maintenance::MaintenanceConfig::default()).await?;
+            let report =
+                maintenance::run_once(&pool, &maintenance::MaintenanceConfig::default()).await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Command::Token { secret, tenant, ttl_secs } => {
+        Command::Token {
+            secret,
+            tenant,
+            ttl_secs,
+        } => {
             let tenant = TenantId::new(tenant)?;
-            println!("{}", JwtKeys::from_secret(secret.as_bytes()).mint(tenant, Duration::from_secs(ttl_secs)));
+            println!(
+                "{}",
+                JwtKeys::from_secret(secret.as_bytes()).mint(tenant, Duration::from_secs(ttl_secs))
+            );
         }
     }
     Ok(())

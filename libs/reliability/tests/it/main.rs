@@ -1,1 +1,10 @@
-fn main(){}
+//! Integration tests of libs/reliability against the real PostgreSQL and
+//! RabbitMQ (`DATABASE_URL`, `AMQP_URL`). Each test makes its own database
+//! and its own exchange and queues.
+
+mod consumer;
+mod idempotency;
+mod maintenance;
+mod relay;
+mod support;
+mod tenancy;

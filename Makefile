@@ -1,0 +1,40 @@
+# Commerce reliability monorepo. `make help` lists the targets.
+
+SHELL := /bin/bash
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
+export DATABASE_URL AMQP_URL
+
+.PHONY: help build test test-clean lint fmt roles token
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+build: ## build every crate
+	cargo build --workspace --all-targets --locked
+
+test: test-clean ## run every test against the real PostgreSQL and RabbitMQ
+	@if command -v cargo-nextest >/dev/null; then \
+	  cargo nextest run --workspace --all-targets --all-features --locked; \
+	else \
+	  cargo test --workspace --all-targets --all-features --locked; \
+	fi
+
+test-clean: ## drop test databases left by interrupted test runs
+	@if command -v psql >/dev/null; then \
+	  psql "$(DATABASE_URL)" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'reltest\_%'" \
+	  | while read -r db; do psql "$(DATABASE_URL)" -qc "DROP DATABASE IF EXISTS $$db WITH (FORCE)"; done; \
+	fi
+
+lint: ## rustfmt check and clippy with warnings as errors
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+fmt: ## format the code
+	cargo fmt --all
+
+roles: ## create the commerce_owner / commerce_app / commerce_relay roles
+	cargo run --quiet --locked --bin reliability -- setup --admin-url "$(DATABASE_URL)"
+
+token: ## print a development JWT: make token TENANT=1
+	@cargo run --quiet --locked --bin reliability -- token --tenant $(or $(TENANT),1)

@@ -1,0 +1,140 @@
+//! Archival, partition upkeep and key cleanup touch only what they should.
+
+use std::time::Duration;
+
+use chrono::{Datelike, Months, Utc};
+use reliability::maintenance;
+use reliability::testing::TestDb;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+#[tokio::test]
+async fn archival_moves_only_processed_rows_older_than_the_cutoff_in_batches() {
+    let db = TestDb::new().await;
+    maintenance::ensure_archive_partitions(&db.owner, 1)
+        .await
+        .unwrap();
+    // 5 old processed rows (some occurred months ago: default partition),
+    // 2 recently processed, 3 old but still pending.
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, occurred_at, processed_at)
+         SELECT 1, 'a', 'old-' || g, 'E', '{}', now() - (g * 20 || ' days')::interval, now() - '8 days'::interval
+         FROM generate_series(1, 5) g;
+         INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, processed_at)
+         SELECT 2, 'a', 'recent-' || g, 'E', '{}', now() - '1 day'::interval FROM generate_series(1, 2) g;
+         INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, occurred_at)
+         SELECT 1, 'a', 'pending-' || g, 'E', '{}', now() - '10 days'::interval FROM generate_series(1, 3) g;",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+
+    let moved = maintenance::archive_processed(&db.owner, 7 * DAY, 2)
+        .await
+        .unwrap();
+    assert_eq!(moved, 5);
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT aggregate_id FROM outbox_messages ORDER BY aggregate_id")
+            .fetch_all(&db.owner)
+            .await
+            .unwrap();
+    assert_eq!(
+        left,
+        [
+            "pending-1",
+            "pending-2",
+            "pending-3",
+            "recent-1",
+            "recent-2"
+        ]
+    );
+    let archived: Vec<String> = sqlx::query_scalar(
+        "SELECT aggregate_id FROM outbox_messages_archive ORDER BY aggregate_id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(archived, ["old-1", "old-2", "old-3", "old-4", "old-5"]);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn archive_partitions_are_created_ahead_and_dropped_after_ninety_days() {
+    let db = TestDb::new().await;
+    let created = maintenance::ensure_archive_partitions(&db.owner, 3)
+        .await
+        .unwrap();
+    assert_eq!(created.len(), 4, "this month and three ahead: {created:?}");
+    assert!(
+        maintenance::ensure_archive_partitions(&db.owner, 3)
+            .await
+            .unwrap()
+            .is_empty(),
+        "idempotent"
+    );
+
+    let this_month = Utc::now().date_naive().with_day(1).unwrap();
+    for months_ago in [2u32, 5] {
+        let start = this_month - Months::new(months_ago);
+        let end = start + Months::new(1);
+        let sql = format!(
+            "CREATE TABLE outbox_messages_archive_y{:04}m{:02} PARTITION OF outbox_messages_archive FOR VALUES FROM ('{start}') TO ('{end}')",
+            start.year(),
+            start.month()
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&db.owner)
+            .await
+            .unwrap();
+    }
+    let dropped = maintenance::drop_old_archive_partitions(&db.owner, 90 * DAY)
+        .await
+        .unwrap();
+    let five_ago = this_month - Months::new(5);
+    assert_eq!(
+        dropped,
+        vec![format!(
+            "outbox_messages_archive_y{:04}m{:02}",
+            five_ago.year(),
+            five_ago.month()
+        )]
+    );
+    let remaining: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_messages_archive'::regclass",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        remaining,
+        4 + 1 + 1,
+        "4 ahead, the 2-month-old one, and the default"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn expired_idempotency_keys_are_deleted_in_batches_and_live_ones_kept() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, response_status, expires_at)
+         SELECT 1 + g % 2, 'POST /x', 'expired-' || g, '\\x00', 201, now() - '1 minute'::interval FROM generate_series(1, 5) g;
+         INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, response_status, expires_at)
+         SELECT 1, 'POST /x', 'live-' || g, '\\x00', 201, now() + '1 hour'::interval FROM generate_series(1, 2) g;",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        maintenance::delete_expired_idempotency_keys(&db.owner, 2)
+            .await
+            .unwrap(),
+        5
+    );
+    let left: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_keys ORDER BY key")
+        .fetch_all(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(left, ["live-1", "live-2"]);
+    db.cleanup().await;
+}

@@ -1,0 +1,354 @@
+//! I1: every committed outbox row reaches the broker at least once, through
+//! crashes, concurrent relays and broker outages.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::failpoint::{self, Action, FailPoints};
+use reliability::outbox::{self, NewEvent};
+use reliability::relay::{Relay, RelayConfig};
+use reliability::testing::{TcpProxy, TestDb, amqp_url, broker_addr, wait_until};
+use reliability::{Error, TenantTx};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{
+    AddingHandler, Broker, DEADLINE, create_effects_table, effects, enqueue_added, tenant,
+};
+
+fn config(broker: &Broker) -> RelayConfig {
+    RelayConfig::new("svc", &broker.exchange)
+}
+
+#[tokio::test]
+async fn committed_rows_are_published_with_their_envelope_and_marked_processed() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let a = enqueue_added(&db, 1, "agg-1", 5).await;
+    let b = enqueue_added(&db, 2, "agg-2", 7).await;
+    // A rolled-back transaction's event must never leave.
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    outbox::enqueue(
+        &mut tx,
+        &NewEvent::new("test", "ghost", "Added", &json!({"amount": 1})).unwrap(),
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
+    let report = relay
+        .drain(&relay.publisher().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!((report.claimed, report.published, report.failed), (2, 2, 0));
+
+    let got = broker.take_all(&queue).await;
+    let by_id: HashMap<i64, _> = got.iter().map(|e| (e.id, e)).collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(by_id[&a].tenant_id, 1);
+    assert_eq!(by_id[&a].aggregate_id, "agg-1");
+    assert_eq!(by_id[&a].routing_key(), "svc.Added");
+    assert_eq!(by_id[&b].payload, json!({"amount": 7}));
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+            .fetch_one(&db.owner)
+            .await
+            .unwrap();
+    assert_eq!(pending, 0);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_relay_crash_after_the_confirm_republishes_and_the_consumer_applies_once() {
+    let db = TestDb::new().await;
+    create_effects_table(&db).await;
+    let broker = Broker::new().await;
+    let consumer_cfg = ConsumerConfig::new(
+        &reliability::testing::unique("reltest.c."),
+        &broker.exchange,
+        &["svc.*"],
+    );
+    let queue = consumer_cfg.queue.queue.clone();
+    reliability::broker::declare_queue(&broker.channel, &consumer_cfg.queue)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        enqueue_added(&db, 1, &format!("agg-{i}"), 10).await;
+    }
+
+    let mut crashing = config(&broker);
+    crashing.fail_points = FailPoints::none();
+    crashing
+        .fail_points
+        .arm(failpoint::RELAY_AFTER_CONFIRM, Action::Error);
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), crashing);
+    let publisher = relay.publisher().await.unwrap();
+    let err = relay.relay_batch(&publisher).await.unwrap_err();
+    assert!(
+        matches!(err, Error::FailPoint(failpoint::RELAY_AFTER_CONFIRM)),
+        "{err}"
+    );
+    drop(publisher);
+
+    // The broker has all five, yet none is marked: the restarted relay sends them again.
+    let unmarked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+            .fetch_one(&db.owner)
+            .await
+            .unwrap();
+    assert_eq!(unmarked, 5);
+    let restarted = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
+    let report = restarted
+        .drain(&restarted.publisher().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(report.published, 5);
+    assert_eq!(
+        broker.depth(&queue).await,
+        10,
+        "each message is on the queue twice"
+    );
+
+    let consumer = std::sync::Arc::new(Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        consumer_cfg,
+        AddingHandler::default(),
+    ));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let (stop, consumer) = (stop.clone(), consumer.clone());
+        async move { consumer.run(stop).await }
+    });
+    wait_until(DEADLINE, "both copies of every message acked", || async {
+        consumer.stats().finished() == 10
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(consumer.stats().applied, 5);
+    assert_eq!(consumer.stats().duplicates, 5);
+    for (_, _, applied, total) in effects(&db).await {
+        assert_eq!((applied, total), (1, 10));
+    }
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_relays_on_one_table_never_publish_a_row_twice() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    // 1000 rows in one transaction, 25 tenants.
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT 1 + g % 25, 'test', 'agg-' || g, 'Added', jsonb_build_object('amount', g)
+         FROM generate_series(1, 1000) g RETURNING id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+
+    let mut cfg = config(&broker);
+    cfg.batch_size = 25;
+    let r1 = Relay::new(db.relay.clone(), &amqp_url(), cfg.clone());
+    let r2 = Relay::new(db.relay.clone(), &amqp_url(), cfg);
+    let (p1, p2) = (r1.publisher().await.unwrap(), r2.publisher().await.unwrap());
+    // Both drain at once; SKIP LOCKED splits the rows between them. A
+    // relay that finds every due row locked stops early, so one more pass
+    // each collects whatever the other still held.
+    let (a, b) = tokio::join!(async { r1.drain(&p1).await.unwrap() }, async {
+        r2.drain(&p2).await.unwrap()
+    });
+    let (a2, b2) = (r1.drain(&p1).await.unwrap(), r2.drain(&p2).await.unwrap());
+    let published = a.published + b.published + a2.published + b2.published;
+    assert_eq!(published, 1000);
+    assert!(
+        a.published > 0 && b.published > 0,
+        "both relays did work: {a:?} {b:?}"
+    );
+
+    wait_until(DEADLINE, "all published messages routed", || async {
+        broker.depth(&queue).await == 1000
+    })
+    .await;
+    let got = broker.take_all(&queue).await;
+    let mut seen: Vec<i64> = got.iter().map(|e| e.id).collect();
+    seen.sort_unstable();
+    let mut expected = ids.clone();
+    expected.sort_unstable();
+    assert_eq!(seen, expected, "every row exactly once");
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn unroutable_events_back_off_and_end_in_the_dlq_table_after_ten_attempts() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await; // no queue bound: every publish is returned
+    let id = enqueue_added(&db, 1, "agg-1", 1).await;
+
+    // With the platform backoff, the first failure makes the row due 30 s later.
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
+    let publisher = relay.publisher().await.unwrap();
+    let report = relay.relay_batch(&publisher).await.unwrap();
+    assert_eq!((report.published, report.failed), (0, 1));
+    let (attempts, delay, error): (i32, f64, String) = sqlx::query_as(
+        "SELECT attempts, EXTRACT(EPOCH FROM available_at - now())::float8, last_error FROM outbox_messages WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 1);
+    assert!((25.0..=30.5).contains(&delay), "backoff was {delay} s");
+    assert!(error.contains("unroutable"), "{error}");
+    assert_eq!(
+        relay.relay_batch(&publisher).await.unwrap().claimed,
+        0,
+        "not due again yet"
+    );
+
+    // Without delay, attempts 2..=10 keep it in the outbox and the 11th moves it.
+    let mut fast = config(&broker);
+    fast.backoff_step = Duration::ZERO;
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), fast);
+    sqlx::query("UPDATE outbox_messages SET available_at = now()")
+        .execute(&db.owner)
+        .await
+        .unwrap();
+    for attempt in 2..=10 {
+        let report = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!(
+            (report.failed, report.dead_lettered),
+            (1, 0),
+            "attempt {attempt}"
+        );
+    }
+    let report = relay.relay_batch(&publisher).await.unwrap();
+    assert_eq!(report.dead_lettered, 1);
+    let (dlq_id, attempts, error): (i64, i32, String) =
+        sqlx::query_as("SELECT id, attempts, last_error FROM outbox_messages_dlq")
+            .fetch_one(&db.owner)
+            .await
+            .unwrap();
+    assert_eq!((dlq_id, attempts), (id, 11));
+    assert!(error.contains("unroutable"));
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+
+    // The operator re-drives it once a queue exists: it goes out under its own id.
+    let queue = broker.queue(&["svc.*"]).await;
+    assert_eq!(
+        reliability::relay::redrive_dlq(&db.owner, None)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(relay.drain(&publisher).await.unwrap().published, 1);
+    let got = broker.take_all(&queue).await;
+    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn rows_stay_pending_while_the_broker_is_down_and_drain_when_it_returns() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let proxy = TcpProxy::start(broker_addr()).await;
+    let mut cfg = config(&broker);
+    cfg.backoff_step = Duration::from_millis(200);
+    cfg.confirm_timeout = Duration::from_secs(2);
+    let relay = Relay::new(db.relay.clone(), &proxy.amqp_url(), cfg);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    enqueue_added(&db, 1, "before", 1).await;
+    wait_until(DEADLINE, "first event published", || async {
+        broker.depth(&queue).await == 1
+    })
+    .await;
+
+    proxy.down();
+    for i in 0..20 {
+        enqueue_added(&db, 1 + i % 2, &format!("during-{i}"), 1).await;
+    }
+    let pending = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL",
+        )
+        .fetch_one(&db.owner)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        pending().await,
+        20,
+        "nothing is marked while the broker is unreachable"
+    );
+
+    proxy.up();
+    wait_until(
+        DEADLINE,
+        "outbox drained after the broker returned",
+        || async { pending().await == 0 },
+    )
+    .await;
+    wait_until(DEADLINE, "every event routed", || async {
+        broker.depth(&queue).await >= 21
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let mut ids: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 21, "no event lost");
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_relay_wakes_on_commit_instead_of_waiting_for_the_poll() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let mut cfg = config(&broker);
+    cfg.poll_interval = Duration::from_secs(3600);
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), cfg);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    // The first batch runs at start-up; wait until the relay sits idle on LISTEN.
+    enqueue_added(&db, 1, "first", 1).await;
+    wait_until(DEADLINE, "first event published", || async {
+        broker.depth(&queue).await == 1
+    })
+    .await;
+    enqueue_added(&db, 1, "second", 1).await;
+    // Far less than the hour-long poll: only a NOTIFY can explain delivery.
+    wait_until(
+        Duration::from_secs(10),
+        "second event published on NOTIFY",
+        || async { broker.depth(&queue).await == 2 },
+    )
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
