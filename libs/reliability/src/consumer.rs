@@ -135,6 +135,7 @@ struct Counters {
     applied: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
+    retries: AtomicU64,
 }
 
 /// Deliveries this consumer finished since it was built (the same figures
@@ -144,6 +145,8 @@ pub struct ConsumerStats {
     pub applied: u64,
     pub duplicates: u64,
     pub dead_lettered: u64,
+    /// Failed tries that were retried (handler errors and outages alike).
+    pub retries: u64,
 }
 
 impl ConsumerStats {
@@ -169,6 +172,7 @@ impl<H: Handler> Consumer<H> {
             applied: self.stats.applied.load(Ordering::Relaxed),
             duplicates: self.stats.duplicates.load(Ordering::Relaxed),
             dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
+            retries: self.stats.retries.load(Ordering::Relaxed),
         }
     }
 
@@ -354,7 +358,10 @@ impl<H: Handler> Consumer<H> {
                 self.dead_letter(&delivery, "handler_failed").await?;
                 return Ok(true);
             };
-            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
+            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed;
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("consumer_retries_total", "consumer" => self.config.name.clone())
+                .increment(1); retrying");
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(false),
                 () = tokio::time::sleep(wait) => {}

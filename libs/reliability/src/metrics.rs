@@ -4,7 +4,8 @@
 //! - relay: `outbox_lag_seconds{source}`, `outbox_throughput{source}`,
 //!   `outbox_failures{source,event_type}`, `outbox_dlq_depth{source}`;
 //! - consumers: `consumer_messages_total{consumer,outcome}`,
-//!   `consumer_dead_lettered_total{consumer,reason}`, `consumer_dlq_depth{consumer}`;
+//!   `consumer_dead_lettered_total{consumer,reason}`, `consumer_retries_total{consumer}`,
+//!   `consumer_dlq_depth{consumer}`;
 //! - idempotency: `idempotency_cache_hits_total{scope}`,
 //!   `idempotency_cache_misses_total{scope}`, `idempotency_check_duration{scope}` (seconds).
 

@@ -93,9 +93,19 @@ impl TestDb {
         }
     }
 
-    /// Runs `sql` as the owner (test fixtures: tables, grants).
-    pub async fn owner_exec(&self, sql: &'static str) {
-        self.owner.execute(sql).await.expect("fixture SQL");
+    /// A pool for `role` that connects through `via` (a [`TcpProxy`] in front
+    /// of PostgreSQL), so a test can cut the database off.
+    pub async fn pool_via(&self, role: &str, via: SocketAddr) -> PgPool {
+        let opts = PgConnectOptions::from_str(&database_url())
+            .expect("DATABASE_URL is a valid URL")
+            .database(&self.name)
+            .username(role)
+            .host(&via.ip().to_string())
+            .port(via.port());
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_millis(200))
+            .connect_lazy_with(opts)
     }
 
     /// Drops the database. Tests that fail leave theirs behind; `make test`
@@ -212,6 +222,19 @@ impl Drop for TcpProxy {
         self.stop.cancel();
         self.down();
     }
+}
+
+/// The database server's socket address from `DATABASE_URL`.
+pub fn postgres_addr() -> SocketAddr {
+    let opts = PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL is a valid URL");
+    let host = match opts.get_host() {
+        "localhost" => "127.0.0.1",
+        h if h.starts_with('/') => "127.0.0.1", // a socket directory: use TCP on the same port
+        h => h,
+    };
+    format!("{host}:{}", opts.get_port())
+        .parse()
+        .expect("DATABASE_URL host is an IP address")
 }
 
 /// The broker's socket address from `AMQP_URL`.

@@ -8,8 +8,9 @@ use std::time::Duration;
 use reliability::Error;
 use reliability::broker;
 use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::db;
 use reliability::failpoint::{self, Action};
-use reliability::testing::{TestDb, amqp_url, unique, wait_until};
+use reliability::testing::{TcpProxy, TestDb, amqp_url, postgres_addr, unique, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -222,6 +223,7 @@ async fn a_crash_before_commit_leaves_no_effect_and_the_redelivery_applies_it() 
 
 #[tokio::test]
 async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once_after_a_fix() {
+    let metrics = reliability::metrics::install();
     let (db, broker, cfg) = setup().await;
     let queue = cfg.queue.queue.clone();
     let handler = AddingHandler::default();
@@ -295,6 +297,14 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     task.await.unwrap().unwrap();
     assert_eq!(consumer.stats().dead_lettered, 3);
     assert_eq!(consumer.stats().applied, 4);
+    let text = metrics.render();
+    let name = &consumer.config().name;
+    for line in [
+        format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="handler_failed"}} 1"#),
+        format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="malformed"}} 2"#),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in\n{text}");
+    }
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
@@ -339,6 +349,57 @@ async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_by_the_deli
     );
     assert_eq!(broker.depth(&queue).await, 0);
     assert!(effects(&db).await.is_empty());
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
+    let (db, broker, cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    let proxy = TcpProxy::start(postgres_addr()).await;
+    let app_via_proxy = db.pool_via(db::APP_ROLE, proxy.addr).await;
+    proxy.down();
+    for id in 1..=5 {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, 1, "agg", "Added", 1)).unwrap(),
+            )
+            .await;
+    }
+    let consumer = Arc::new(Consumer::new(
+        app_via_proxy,
+        &amqp_url(),
+        cfg,
+        AddingHandler::default(),
+    ));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (stop, consumer) = (stop.clone(), consumer.clone());
+        async move { consumer.run(stop).await }
+    });
+    // Keep the database away until the consumer has failed more often than
+    // a handler error may (3 tries): an outage must not count against them.
+    wait_until(
+        DEADLINE,
+        "the consumer retried through the outage",
+        || async { consumer.stats().retries > 4 },
+    )
+    .await;
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
+    proxy.up();
+    wait_until(
+        DEADLINE,
+        "all applied once the database is back",
+        || async { consumer.stats().applied == 5 },
+    )
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(consumer.stats().dead_lettered, 0);
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
+    assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 5, 5)]);
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }

@@ -217,6 +217,7 @@ async fn fifty_concurrent_identical_posts_run_the_handler_once() {
 
 #[tokio::test]
 async fn a_replay_returns_the_original_status_and_body_and_a_different_body_is_409() {
+    let metrics = reliability::metrics::install();
     let app = App::start(Duration::from_secs(5)).await;
     let (status, replayed, first) = app
         .post(1, Some("k1"), r#"{"name": "a", "quantity": 1}"#)
@@ -242,6 +243,17 @@ async fn a_replay_returns_the_original_status_and_body_and_a_different_body_is_4
         .await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
     assert_eq!(app.widgets().await, 2);
+
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"idempotency_cache_misses_total{scope="POST /widgets"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"idempotency_cache_hits_total{scope="POST /widgets"} 2"#),
+        "{text}"
+    );
+    assert!(text.contains("idempotency_check_duration_bucket"), "{text}");
     app.db.cleanup().await;
 }
 

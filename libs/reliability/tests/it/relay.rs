@@ -8,7 +8,7 @@ use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::{self, Action, FailPoints};
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
-use reliability::testing::{TcpProxy, TestDb, amqp_url, broker_addr, wait_until};
+use reliability::testing::{TcpProxy, TestDb, amqp_url, broker_addr, postgres_addr, wait_until};
 use reliability::{Error, TenantTx};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ fn config(broker: &Broker) -> RelayConfig {
 
 #[tokio::test]
 async fn committed_rows_are_published_with_their_envelope_and_marked_processed() {
+    let metrics = reliability::metrics::install();
     let db = TestDb::new().await;
     let broker = Broker::new().await;
     let queue = broker.queue(&["svc.*"]).await;
@@ -58,6 +59,20 @@ async fn committed_rows_are_published_with_their_envelope_and_marked_processed()
             .await
             .unwrap();
     assert_eq!(pending, 0);
+    relay.update_gauges().await.unwrap();
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"outbox_throughput{source="svc"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"outbox_lag_seconds{source="svc"} 0"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"outbox_dlq_depth{source="svc"} 0"#),
+        "{text}"
+    );
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
@@ -349,6 +364,46 @@ async fn the_relay_wakes_on_commit_instead_of_waiting_for_the_poll() {
     .await;
     stop.cancel();
     running.await.unwrap().unwrap();
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_relay_reconnects_after_the_database_goes_away() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let proxy = TcpProxy::start(postgres_addr()).await;
+    let relay_pool = db.pool_via(reliability::db::RELAY_ROLE, proxy.addr).await;
+    let relay = Relay::new(relay_pool, &amqp_url(), config(&broker));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    enqueue_added(&db, 1, "before", 1).await;
+    wait_until(DEADLINE, "first event published", || async {
+        broker.depth(&queue).await == 1
+    })
+    .await;
+
+    proxy.down();
+    for i in 0..10 {
+        enqueue_added(&db, 1, &format!("during-{i}"), 1).await;
+    }
+    proxy.up();
+    wait_until(
+        DEADLINE,
+        "events committed during the outage published",
+        || async { broker.depth(&queue).await >= 11 },
+    )
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let mut ids: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 11);
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
