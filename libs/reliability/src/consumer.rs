@@ -358,10 +358,10 @@ impl<H: Handler> Consumer<H> {
                 self.dead_letter(&delivery, "handler_failed").await?;
                 return Ok(true);
             };
-            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed;
+            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("consumer_retries_total", "consumer" => self.config.name.clone())
-                .increment(1); retrying");
+                .increment(1);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(false),
                 () = tokio::time::sleep(wait) => {}
