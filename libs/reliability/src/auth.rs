@@ -99,6 +99,7 @@ where
             .verify(token.trim())
             .ok_or_else(|| unauthorized("invalid or expired token"))?;
         parts.extensions.insert(tenant);
+        tracing::Span::current().record("tenant_id", tenant.get());
         Ok(tenant)
     }
 }

@@ -24,6 +24,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, Basi
 use lapin::types::FieldTable;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::broker::{self, QueueSpec};
 use crate::failpoint::{self, FailPoints};
@@ -321,6 +322,23 @@ impl<H: Handler> Consumer<H> {
                 return Ok(true);
             }
         };
+        let ctx = broker::header_str(&delivery.properties, crate::trace::HEADER)
+            .and_then(|h| crate::trace::TraceContext::parse(&h))
+            .map_or_else(crate::trace::TraceContext::root, |parent| parent.child());
+        let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
+                                       event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %ctx.trace_id());
+        crate::trace::scope(ctx, self.settle(delivery, event, shutdown))
+            .instrument(span)
+            .await
+    }
+
+    /// Applies, retries and finally acks or dead-letters one parsed delivery.
+    async fn settle(
+        &self,
+        delivery: Delivery,
+        event: Envelope,
+        shutdown: &CancellationToken,
+    ) -> Result<bool> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
         loop {

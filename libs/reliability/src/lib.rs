@@ -8,6 +8,8 @@
 //! - [`consumer`]: applying each delivered event exactly once;
 //! - [`idempotency`]: the `Idempotency-Key` contract for axum handlers;
 //! - [`auth`], [`http`]: bearer-token tenants and the JSON error shape;
+//! - [`service`]: settings, the HTTP stack, ops routes and task runner of a service binary;
+//! - [`trace`]: W3C trace context from request to event to consumer;
 //! - [`maintenance`], [`metrics`], [`db`], [`broker`]: the plumbing around them.
 //!
 //! The invariants these serve are in `ARCHITECTURE.md`; each module says which.
@@ -24,10 +26,12 @@ pub mod maintenance;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;
+pub mod service;
 pub mod shutdown;
 pub mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
 pub use error::{Error, Result};
 pub use tenant::{TenantId, TenantTx};

@@ -51,8 +51,17 @@ impl NewEvent {
 
 /// Writes `event` inside the caller's transaction; returns its outbox id.
 /// The tenant is the transaction's own, so it cannot be mislabelled.
+///
+/// Inside a trace scope (an HTTP request, a consumed event) the event gets a
+/// child `traceparent` header unless it already has one.
 pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
     let tenant = tx.tenant().get();
+    let mut headers = event.headers.clone();
+    if let Some(ctx) = crate::trace::current() {
+        headers
+            .entry(crate::trace::HEADER)
+            .or_insert_with(|| Value::String(ctx.child().to_header()));
+    }
     let id = sqlx::query_scalar(
         "INSERT INTO outbox_messages
              (tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers)
@@ -65,7 +74,7 @@ pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
     .bind(&event.event_type)
     .bind(event.event_version)
     .bind(&event.payload)
-    .bind(Value::Object(event.headers.clone()))
+    .bind(Value::Object(headers))
     .fetch_one(&mut **tx)
     .await?;
     Ok(id)

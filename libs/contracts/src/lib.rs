@@ -1,0 +1,132 @@
+//! The events the commerce services exchange: their names, routing keys and
+//! payloads. A service depends on this crate, never on another service.
+//!
+//! Each payload is version 1. A breaking change adds a new struct and a new
+//! version number; consumers dead-letter versions they do not know, so a
+//! rolling deploy surfaces in the DLQ instead of misreading data.
+//!
+//! Amounts are integer cents; ids are the owning service's numbers.
+
+use serde::{Deserialize, Serialize};
+
+/// The topic exchange every event is published to.
+pub const EXCHANGE: &str = "commerce.events";
+
+/// Publishing services: the first part of every routing key.
+pub mod source {
+    pub const ORDERS: &str = "orders";
+    pub const INVENTORY: &str = "inventory";
+    pub const PAYMENTS: &str = "payments";
+}
+
+/// Event type names: the second part of the routing key and the AMQP `type`.
+pub mod event {
+    pub const ORDER_PLACED: &str = "OrderPlaced";
+    pub const ORDER_CONFIRMED: &str = "OrderConfirmed";
+    pub const ORDER_CANCELLED: &str = "OrderCancelled";
+    pub const INVENTORY_RESERVED: &str = "InventoryReserved";
+    pub const INVENTORY_REJECTED: &str = "InventoryRejected";
+    pub const STOCK_ADJUSTED: &str = "StockAdjusted";
+    pub const PAYMENT_CAPTURED: &str = "PaymentCaptured";
+    pub const PAYMENT_FAILED: &str = "PaymentFailed";
+    pub const REFUND_ISSUED: &str = "RefundIssued";
+}
+
+/// Aggregate types, as written in the outbox.
+pub mod aggregate {
+    pub const ORDER: &str = "order";
+    pub const PRODUCT: &str = "product";
+    pub const PAYMENT: &str = "payment";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Line {
+    pub sku: String,
+    pub quantity: i64,
+    pub unit_price_cents: i64,
+}
+
+/// orders → inventory, projection. Everything later steps need to act.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderPlaced {
+    pub order_id: i64,
+    pub customer_id: String,
+    pub currency: String,
+    pub total_cents: i64,
+    pub lines: Vec<Line>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderConfirmed {
+    pub order_id: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderCancelled {
+    pub order_id: i64,
+    pub reason: String,
+}
+
+/// inventory → payments, orders, projection. Carries the payment details of
+/// the order so that payments needs no other event to charge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryReserved {
+    pub order_id: i64,
+    pub customer_id: String,
+    pub currency: String,
+    pub total_cents: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryRejected {
+    pub order_id: i64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StockAdjusted {
+    pub sku: String,
+    pub delta: i64,
+    pub on_hand: i64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentCaptured {
+    pub order_id: i64,
+    pub payment_id: i64,
+    pub amount_cents: i64,
+    pub currency: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentFailed {
+    pub order_id: i64,
+    pub payment_id: i64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundIssued {
+    pub order_id: i64,
+    pub payment_id: i64,
+    pub refund_id: i64,
+    pub amount_cents: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_keep_their_wire_names() {
+        let e = OrderCancelled {
+            order_id: 7,
+            reason: "payment_failed".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"order_id":7,"reason":"payment_failed"}"#
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! What every service binary shares, so a service is only its routes,
+//! handlers, consumers and domain SQL:
+//!
+//! - [`CommonSettings`]: broker, exchange, JWT secret, role URLs (clap + env);
+//! - [`Databases`]: one pool per role, from the service's database URL;
+//! - [`http_app`]: the HTTP stack of the contract (64 KiB body limit, JSON
+//!   errors for 404/413/500, request id, trace context, per-route metrics)
+//!   plus `/healthz`, `/readyz`, `/metrics`;
+//! - [`Tasks`]: the server, relay, consumers and maintenance of one process,
+//!   stopped together on SIGTERM or when one of them fails;
+//! - [`Role`]: run everything (the default) or one part, so a part can be
+//!   killed and restarted alone.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::http::ApiError;
+use crate::trace::{self, TraceContext};
+use crate::{Error, Result, db};
+
+/// What every long-running part of a service watches to stop.
+pub use tokio_util::sync::CancellationToken as ShutdownToken;
+
+/// Largest request body any route accepts (the contract's 413 limit).
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// A string that never prints (JWT secret, passwords).
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// Settings every service has, each from its environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonSettings {
+    /// The RabbitMQ broker.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// The topic exchange every event is published to.
+    #[arg(long, env = "EVENTS_EXCHANGE", default_value = "commerce.events")]
+    pub exchange: String,
+    /// HS256 secret of bearer tokens. The default is for local development only.
+    #[arg(long, env = "JWT_SECRET", default_value = "dev-secret-change-me")]
+    pub jwt_secret: Secret,
+    /// Full URL for the runtime role; default: the service's database URL as `commerce_app`.
+    #[arg(long, env = "APP_DATABASE_URL")]
+    pub app_database_url: Option<String>,
+    /// Full URL for the relay role; default: the service's database URL as `commerce_relay`.
+    #[arg(long, env = "RELAY_DATABASE_URL")]
+    pub relay_database_url: Option<String>,
+    /// Full URL for the owner role (migrations, maintenance); default: as `commerce_owner`.
+    #[arg(long, env = "OWNER_DATABASE_URL")]
+    pub owner_database_url: Option<String>,
+    /// Crash points for tests, e.g. `relay.after_confirm=abort` (see `failpoint`).
+    #[arg(long, env = "RELIABILITY_FAILPOINTS", default_value = "")]
+    pub fail_points: String,
+}
+
+impl CommonSettings {
+    /// Local defaults, as with no environment at all.
+    pub fn local() -> Self {
+        Self {
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: "commerce.events".into(),
+            jwt_secret: "dev-secret-change-me".into(),
+            app_database_url: None,
+            relay_database_url: None,
+            owner_database_url: None,
+            fail_points: String::new(),
+        }
+    }
+}
+
+/// Which part of a service a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Role {
+    /// Migrate, then serve HTTP, relay, consume and maintain.
+    #[default]
+    All,
+    /// HTTP only.
+    Serve,
+    /// The outbox relay and maintenance only.
+    Relay,
+    /// The consumers (and, in payments, the provider worker) only.
+    Consume,
+    /// Run the migrations and exit.
+    Migrate,
+}
+
+impl Role {
+    pub fn serves(self) -> bool {
+        matches!(self, Self::All | Self::Serve)
+    }
+    pub fn relays(self) -> bool {
+        matches!(self, Self::All | Self::Relay)
+    }
+    pub fn consumes(self) -> bool {
+        matches!(self, Self::All | Self::Consume)
+    }
+    pub fn migrates(self) -> bool {
+        matches!(self, Self::All | Self::Migrate)
+    }
+}
+
+/// One pool per role on the service's database.
+#[derive(Debug, Clone)]
+pub struct Databases {
+    pub app: PgPool,
+    pub relay: PgPool,
+    pub owner: PgPool,
+}
+
+impl Databases {
+    /// Pools that connect on first use, so a service starts (and reports
+    /// not ready) while its database is down.
+    pub fn connect_lazy(database_url: &str, common: &CommonSettings) -> Result<Self> {
+        let role = |over: &Option<String>, role: &str| -> Result<PgConnectOptions> {
+            match over {
+                Some(url) => Ok(PgConnectOptions::from_str(url)?),
+                None => Ok(db::options_for_role(
+                    &PgConnectOptions::from_str(database_url)?,
+                    role,
+                )),
+            }
+        };
+        let pool = |opts: PgConnectOptions, max| {
+            PgPoolOptions::new()
+                .max_connections(max)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(opts)
+        };
+        Ok(Self {
+            app: pool(role(&common.app_database_url, db::APP_ROLE)?, 16),
+            relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 4),
+            owner: pool(role(&common.owner_database_url, db::OWNER_ROLE)?, 2),
+        })
+    }
+}
+
+/// Runs migrations, retrying while the database is not reachable yet.
+pub async fn migrate_with_retry(
+    owner: &PgPool,
+    service: &sqlx::migrate::Migrator,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match db::migrate(owner, Some(service)).await {
+            Ok(()) => return Ok(()),
+            Err(Error::Database(e)) if !shutdown.is_cancelled() => {
+                tracing::warn!(error = %e, retry_in = ?delay, "database not reachable for migrations; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The background tasks of one process. If any ends with an error the
+/// others are stopped too: a half-running service is worse than a restart.
+pub struct Tasks {
+    set: JoinSet<(String, Result<()>)>,
+    shutdown: CancellationToken,
+}
+
+impl Tasks {
+    pub fn new(shutdown: CancellationToken) -> Self {
+        Self {
+            set: JoinSet::new(),
+            shutdown,
+        }
+    }
+
+    pub fn shutdown(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub fn spawn<F>(&mut self, name: &str, task: F)
+    where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        let name = name.to_owned();
+        self.set.spawn(async move { (name, task.await) });
+    }
+
+    /// Waits until shutdown (or a task fails), then for every task to stop.
+    pub async fn wait(mut self) -> Result<()> {
+        let mut first_error = None;
+        while let Some(joined) = self.set.join_next().await {
+            let (name, result) = joined.unwrap_or_else(|e| {
+                (
+                    "task".to_owned(),
+                    Err(Error::Config(format!("task panicked: {e}"))),
+                )
+            });
+            match result {
+                Ok(()) => tracing::info!(task = %name, "stopped"),
+                Err(e) => {
+                    tracing::error!(task = %name, error = %e, "failed; stopping the process");
+                    first_error.get_or_insert(e);
+                }
+            }
+            self.shutdown.cancel();
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Serves `app` until `shutdown`, finishing requests in flight.
+pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) -> Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(|e| Error::Config(format!("http server: {e}")))
+}
+
+#[derive(Clone)]
+struct Readiness {
+    pool: PgPool,
+    amqp_url: String,
+}
+
+/// The service's routes wrapped in the contract's HTTP stack, plus
+/// `/healthz`, `/readyz` (its database and broker reachable) and `/metrics`.
+pub fn http_app(
+    routes: Router,
+    app_pool: PgPool,
+    amqp_url: &str,
+    metrics: PrometheusHandle,
+) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    let ops = Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/readyz", get(readyz))
+        .with_state(Readiness {
+            pool: app_pool,
+            amqp_url: amqp_url.to_owned(),
+        })
+        .merge(crate::metrics::router(metrics));
+    routes
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(record_metrics))
+        .layer(middleware::from_fn(trace_context))
+        .merge(ops)
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                let route = req.extensions().get::<MatchedPath>().map_or("", |p| p.as_str());
+                let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+                tracing::info_span!("request", method = %req.method(), route, request_id = id,
+                                    tenant_id = tracing::field::Empty, trace_id = tracing::field::Empty)
+            }),
+        )
+        .layer(CatchPanicLayer::custom(|_| ApiError::internal(&"handler panicked").into_response()))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
+
+async fn readyz(State(r): State<Readiness>) -> Response {
+    let db = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query("SELECT 1").execute(&r.pool),
+    )
+    .await;
+    let db_ok = matches!(db, Ok(Ok(_)));
+    let broker_ok = broker_reachable(&r.amqp_url).await;
+    let status = if db_ok && broker_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(serde_json::json!({"database": db_ok, "broker": broker_ok})),
+    )
+        .into_response()
+}
+
+/// A TCP connect to the broker's host and port: cheap enough for every probe.
+async fn broker_reachable(amqp_url: &str) -> bool {
+    let rest = amqp_url.split_once("://").map_or(amqp_url, |(_, r)| r);
+    let host_port = rest
+        .rsplit_once('@')
+        .map_or(rest, |(_, r)| r)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5672")
+    };
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect(host_port)
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+/// `http_requests_total{method,route,status}` and
+/// `http_request_duration_seconds{method,route}`, by matched route so that
+/// ids in paths do not explode the label set.
+async fn record_metrics(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(req).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("http_request_duration_seconds", "method" => method, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Continues the caller's `traceparent` or starts a trace; events written
+/// while handling the request carry it on.
+async fn trace_context(req: Request, next: Next) -> Response {
+    let ctx = req
+        .headers()
+        .get(trace::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceContext::parse)
+        .map_or_else(TraceContext::root, |parent| parent.child());
+    tracing::Span::current().record("trace_id", ctx.trace_id());
+    trace::scope(ctx, next.run(req)).await
+}
+
+/// Logs as JSON when `LOG_FORMAT=json`, else human-readable; `RUST_LOG`
+/// filters (default `info`).
+pub fn init_tracing() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
