@@ -104,6 +104,15 @@ impl<T> Idempotent<T> {
     }
 }
 
+impl<T> Idempotent<T> {
+    /// Answers with a client error, stored like any response (a business
+    /// rejection is an answer: the same request gets it again).
+    pub async fn reject(self, error: ApiError) -> Result<Response> {
+        let status = error.status;
+        self.complete(status, &error.body()).await
+    }
+}
+
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     (
         status,

@@ -16,7 +16,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRef, MatchedPath, Request, State};
 use axum::http::{HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -31,7 +31,13 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use crate::auth::JwtKeys;
+use crate::consumer::{Consumer, Handler};
+use crate::failpoint::FailPoints;
 use crate::http::ApiError;
+use crate::idempotency::IdempotencyConfig;
+use crate::maintenance::{self, MaintenanceConfig};
+use crate::relay::{Relay, RelayConfig};
 use crate::trace::{self, TraceContext};
 use crate::{Error, Result, db};
 
@@ -98,6 +104,9 @@ pub struct CommonSettings {
     /// Crash points for tests, e.g. `relay.after_confirm=abort` (see `failpoint`).
     #[arg(long, env = "RELIABILITY_FAILPOINTS", default_value = "")]
     pub fail_points: String,
+    /// Address the HTTP server binds (0.0.0.0 in containers).
+    #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
+    pub bind_address: String,
 }
 
 impl CommonSettings {
@@ -111,7 +120,54 @@ impl CommonSettings {
             relay_database_url: None,
             owner_database_url: None,
             fail_points: String::new(),
+            bind_address: "127.0.0.1".into(),
         }
+    }
+
+    pub fn jwt_keys(&self) -> JwtKeys {
+        JwtKeys::from_secret(self.jwt_secret.expose().as_bytes())
+    }
+
+    pub fn fail_points(&self) -> Result<FailPoints> {
+        FailPoints::parse(&self.fail_points)
+    }
+}
+
+/// The state every service's HTTP routes need: the runtime pool, the
+/// idempotency settings and the token keys. Use it as the router state, or
+/// embed it and delegate `FromRef`.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    pub pool: PgPool,
+    pub idempotency: IdempotencyConfig,
+    pub jwt: JwtKeys,
+}
+
+impl ApiState {
+    pub fn new(pool: PgPool, jwt: JwtKeys) -> Self {
+        Self {
+            idempotency: IdempotencyConfig::new(pool.clone()),
+            pool,
+            jwt,
+        }
+    }
+}
+
+impl FromRef<ApiState> for IdempotencyConfig {
+    fn from_ref(s: &ApiState) -> Self {
+        s.idempotency.clone()
+    }
+}
+
+impl FromRef<ApiState> for JwtKeys {
+    fn from_ref(s: &ApiState) -> Self {
+        s.jwt.clone()
+    }
+}
+
+impl FromRef<ApiState> for PgPool {
+    fn from_ref(s: &ApiState) -> Self {
+        s.pool.clone()
     }
 }
 
@@ -228,6 +284,33 @@ impl Tasks {
         self.set.spawn(async move { (name, task.await) });
     }
 
+    /// The outbox relay of `source` (as the relay role) and the maintenance
+    /// jobs (as the owner).
+    pub fn spawn_relay(
+        &mut self,
+        dbs: &Databases,
+        common: &CommonSettings,
+        source: &str,
+    ) -> Result<()> {
+        let mut config = RelayConfig::new(source, &common.exchange);
+        config.fail_points = common.fail_points()?;
+        let relay = Relay::new(dbs.relay.clone(), &common.amqp_url, config);
+        let stop = self.shutdown.clone();
+        self.spawn("relay", async move { relay.run(stop).await });
+        let (owner, stop) = (dbs.owner.clone(), self.shutdown.clone());
+        self.spawn("maintenance", async move {
+            maintenance::run(owner, MaintenanceConfig::default(), stop).await;
+            Ok(())
+        });
+        Ok(())
+    }
+
+    pub fn spawn_consumer<H: Handler>(&mut self, consumer: Consumer<H>) {
+        let stop = self.shutdown.clone();
+        let name = format!("consumer {}", consumer.config().name);
+        self.spawn(&name, async move { consumer.run(stop).await });
+    }
+
     /// Waits until shutdown (or a task fails), then for every task to stop.
     pub async fn wait(mut self) -> Result<()> {
         let mut first_error = None;
@@ -249,6 +332,13 @@ impl Tasks {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Binds the HTTP listener (port 0 picks a free port: tests).
+pub async fn bind(common: &CommonSettings, port: u16) -> Result<TcpListener> {
+    TcpListener::bind((common.bind_address.as_str(), port))
+        .await
+        .map_err(|e| Error::Config(format!("bind {}:{port}: {e}", common.bind_address)))
 }
 
 /// Serves `app` until `shutdown`, finishing requests in flight.

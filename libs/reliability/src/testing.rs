@@ -93,6 +93,15 @@ impl TestDb {
         }
     }
 
+    /// The pools as a service takes them.
+    pub fn databases(&self) -> crate::service::Databases {
+        crate::service::Databases {
+            app: self.app.clone(),
+            relay: self.relay.clone(),
+            owner: self.owner.clone(),
+        }
+    }
+
     /// A pool for `role` that connects through `via` (a [`TcpProxy`] in front
     /// of PostgreSQL), so a test can cut the database off.
     pub async fn pool_via(&self, role: &str, via: SocketAddr) -> PgPool {

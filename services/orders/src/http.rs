@@ -1,0 +1,188 @@
+//! `POST /orders` and `GET /orders/{order_id}`, and the SQL they own.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use contracts::{aggregate, event};
+use reliability::idempotency::Idempotent;
+use reliability::outbox::{self, NewEvent};
+use reliability::service::ApiState;
+use reliability::{TenantId, TenantTx};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+
+use crate::Error;
+use crate::domain::{self, NewOrder, OrderId};
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/orders", post(place_order))
+        .route("/orders/{order_id}", get(get_order))
+        .with_state(state)
+}
+
+/// The wire shape of `POST /orders`; validated into [`NewOrder`].
+#[derive(Debug, Deserialize)]
+pub struct PlaceOrder {
+    pub customer_id: String,
+    pub currency: String,
+    pub lines: Vec<PlaceOrderLine>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PlaceOrderLine {
+    pub sku: String,
+    pub quantity: i64,
+    pub unit_price_cents: i64,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct OrderView {
+    pub order_id: i64,
+    pub status: String,
+    pub customer_id: String,
+    pub currency: String,
+    pub total_cents: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    #[sqlx(skip)]
+    pub lines: Vec<LineView>,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct LineView {
+    pub sku: String,
+    pub quantity: i32,
+    pub unit_price_cents: i64,
+}
+
+fn validate(body: &PlaceOrder) -> Result<NewOrder, Error> {
+    let lines = body
+        .lines
+        .iter()
+        .map(|l| domain::line(l.sku.clone(), l.quantity, l.unit_price_cents))
+        .collect::<Result<Vec<_>, _>>()?;
+    domain::new_order(body.customer_id.clone(), body.currency.clone(), lines)
+}
+
+/// One transaction: the key, the order and its lines, `OrderPlaced`, the
+/// stored response (I3 and I1 together).
+async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error> {
+    let order = match validate(&req.body) {
+        Ok(order) => order,
+        Err(e @ Error::Invalid(_)) => return Ok(req.reject(e.api()).await?),
+        Err(e) => return Err(e),
+    };
+    let view = insert_order(&mut req.tx, &order).await?;
+    let placed = contracts::OrderPlaced {
+        order_id: view.order_id,
+        customer_id: view.customer_id.clone(),
+        currency: view.currency.clone(),
+        total_cents: view.total_cents,
+        lines: view
+            .lines
+            .iter()
+            .map(|l| contracts::Line {
+                sku: l.sku.clone(),
+                quantity: l.quantity.into(),
+                unit_price_cents: l.unit_price_cents,
+            })
+            .collect(),
+    };
+    outbox::enqueue(
+        &mut req.tx,
+        &NewEvent::new(
+            aggregate::ORDER,
+            view.order_id,
+            event::ORDER_PLACED,
+            &placed,
+        )?,
+    )
+    .await?;
+    tracing::info!(
+        order_id = view.order_id,
+        total_cents = view.total_cents,
+        "order placed"
+    );
+    Ok(req.complete(StatusCode::CREATED, &view).await?)
+}
+
+async fn get_order(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Path(order_id): Path<String>,
+) -> Result<Json<OrderView>, Error> {
+    let order_id = OrderId::parse(&order_id)?;
+    let mut tx = TenantTx::begin(&pool, tenant).await?;
+    let view = find_order(&mut tx, order_id)
+        .await?
+        .ok_or(Error::NotFound)?;
+    tx.commit().await?;
+    Ok(Json(view))
+}
+
+async fn insert_order(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Error> {
+    let tenant = tx.tenant().get();
+    let mut view: OrderView = sqlx::query_as(
+        "INSERT INTO orders (tenant_id, customer_id, currency, total_cents)
+         VALUES ($1, $2, $3, $4)
+         RETURNING order_id, status, customer_id, currency, total_cents, cancel_reason, created_at",
+    )
+    .bind(tenant)
+    .bind(order.customer_id.as_str())
+    .bind(order.currency.as_str())
+    .bind(order.total_cents())
+    .fetch_one(&mut **tx)
+    .await?;
+    let skus: Vec<&str> = order.lines.iter().map(|l| l.sku.as_str()).collect();
+    let quantities: Vec<i32> = order.lines.iter().map(|l| l.quantity).collect();
+    let prices: Vec<i64> = order.lines.iter().map(|l| l.unit_price_cents).collect();
+    sqlx::query(
+        "INSERT INTO order_lines (tenant_id, order_id, line_no, sku, quantity, unit_price_cents)
+         SELECT $1, $2, l.n, l.sku, l.quantity, l.price
+         FROM unnest($3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY AS l(sku, quantity, price, n)",
+    )
+    .bind(tenant)
+    .bind(view.order_id)
+    .bind(&skus)
+    .bind(&quantities)
+    .bind(&prices)
+    .execute(&mut **tx)
+    .await?;
+    view.lines = order
+        .lines
+        .iter()
+        .map(|l| LineView {
+            sku: l.sku.as_str().to_owned(),
+            quantity: l.quantity,
+            unit_price_cents: l.unit_price_cents,
+        })
+        .collect();
+    Ok(view)
+}
+
+/// The order with its lines, if this tenant has it (RLS filters the rest).
+pub async fn find_order(
+    conn: &mut PgConnection,
+    order_id: OrderId,
+) -> Result<Option<OrderView>, Error> {
+    let Some(mut view) = sqlx::query_as::<_, OrderView>(
+        "SELECT order_id, status, customer_id, currency, total_cents, cancel_reason, created_at
+         FROM orders WHERE order_id = $1",
+    )
+    .bind(order_id.get())
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    view.lines = sqlx::query_as("SELECT sku, quantity, unit_price_cents FROM order_lines WHERE order_id = $1 ORDER BY line_no")
+        .bind(order_id.get())
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(Some(view))
+}

@@ -1,0 +1,103 @@
+//! orders: places orders (`POST /orders`, idempotent), serves them, and owns
+//! the saga's outcome: an order ends `confirmed` when its payment is
+//! captured and `cancelled` when stock or payment fails (invariant I6).
+//!
+//! This crate is also the template for a new service: `lib.rs` wires the
+//! parts, `http.rs` holds the routes and their SQL, `saga.rs` the consumer,
+//! `domain.rs` the validated types, `error.rs` the one error enum.
+
+pub mod domain;
+mod error;
+pub mod http;
+pub mod saga;
+
+use clap::Parser;
+use reliability::consumer::Consumer;
+use reliability::service::{self, ApiState, CommonSettings, Databases, Role, ShutdownToken, Tasks};
+use sqlx::migrate::Migrator;
+
+pub use error::Error;
+
+/// This service's tables (the reliability tables come first, ADR 0005).
+pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/orders");
+
+#[derive(Debug, Clone, Parser)]
+#[command(version, about = "Orders service")]
+pub struct Settings {
+    /// What this process runs.
+    #[arg(value_enum, default_value_t = Role::All)]
+    pub role: Role,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, env = "ORDERS_PORT", default_value_t = 8081)]
+    pub port: u16,
+    /// The orders database (roles are set per connection).
+    #[arg(
+        long,
+        env = "ORDERS_DATABASE_URL",
+        default_value = "postgres://127.0.0.1:5432/orders"
+    )]
+    pub database_url: String,
+    #[command(flatten)]
+    pub common: CommonSettings,
+}
+
+/// The running parts of the service.
+pub struct Application {
+    port: u16,
+    tasks: Tasks,
+}
+
+impl Application {
+    pub async fn build(settings: Settings, shutdown: ShutdownToken) -> anyhow::Result<Self> {
+        let dbs = Databases::connect_lazy(&settings.database_url, &settings.common)?;
+        Self::build_with(settings, dbs, shutdown).await
+    }
+
+    /// As `build`, on pools the caller made (tests bring their own database).
+    pub async fn build_with(
+        settings: Settings,
+        dbs: Databases,
+        shutdown: ShutdownToken,
+    ) -> anyhow::Result<Self> {
+        let common = &settings.common;
+        let mut tasks = Tasks::new(shutdown.clone());
+        if settings.role.migrates() {
+            service::migrate_with_retry(&dbs.owner, &MIGRATIONS, &shutdown).await?;
+        }
+        let mut port = 0;
+        if settings.role.serves() {
+            let listener = service::bind(common, settings.port).await?;
+            port = listener.local_addr()?.port();
+            let routes = http::router(ApiState::new(dbs.app.clone(), common.jwt_keys()));
+            let app = service::http_app(
+                routes,
+                dbs.app.clone(),
+                &common.amqp_url,
+                reliability::metrics::install(),
+            );
+            tasks.spawn("http", service::serve(listener, app, shutdown.clone()));
+            tracing::info!(port, "orders listening");
+        }
+        if settings.role.relays() {
+            tasks.spawn_relay(&dbs, common, contracts::source::ORDERS)?;
+        }
+        if settings.role.consumes() {
+            tasks.spawn_consumer(Consumer::new(
+                dbs.app.clone(),
+                &common.amqp_url,
+                saga::consumer_config(common)?,
+                saga::Saga,
+            ));
+        }
+        Ok(Self { port, tasks })
+    }
+
+    /// The HTTP port, when serving.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        Ok(self.tasks.wait().await?)
+    }
+}

@@ -1,0 +1,123 @@
+//! The saga's outcome: orders confirms on `PaymentCaptured` and cancels on
+//! `InventoryRejected` or `PaymentFailed`, emitting `OrderConfirmed` /
+//! `OrderCancelled`. Only a `pending` order moves, so a late or repeated
+//! event cannot flip a decided one.
+
+use contracts::{aggregate, event, source};
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::outbox::{self, Envelope, NewEvent};
+use reliability::{TenantTx, service::CommonSettings};
+
+pub const CONSUMER: &str = "orders.saga";
+
+pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
+    let rejected = format!("{}.{}", source::INVENTORY, event::INVENTORY_REJECTED);
+    let captured = format!("{}.{}", source::PAYMENTS, event::PAYMENT_CAPTURED);
+    let failed = format!("{}.{}", source::PAYMENTS, event::PAYMENT_FAILED);
+    let mut config =
+        ConsumerConfig::new(CONSUMER, &common.exchange, &[&rejected, &captured, &failed]);
+    config.fail_points = common.fail_points()?;
+    Ok(config)
+}
+
+pub struct Saga;
+
+fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerError> {
+    if e.event_version != 1 {
+        return Err(HandlerError::Permanent(format!(
+            "unknown version {} of {}",
+            e.event_version, e.event_type
+        )));
+    }
+    e.payload_as()
+        .map_err(|err| HandlerError::Permanent(format!("bad {} payload: {err}", e.event_type)))
+}
+
+impl Handler for Saga {
+    async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        match e.event_type.as_str() {
+            event::PAYMENT_CAPTURED => {
+                let p: contracts::PaymentCaptured = decode(e)?;
+                decide(tx, p.order_id, None).await
+            }
+            event::PAYMENT_FAILED => {
+                let p: contracts::PaymentFailed = decode(e)?;
+                decide(
+                    tx,
+                    p.order_id,
+                    Some(format!("payment_failed: {}", p.reason)),
+                )
+                .await
+            }
+            event::INVENTORY_REJECTED => {
+                let p: contracts::InventoryRejected = decode(e)?;
+                decide(
+                    tx,
+                    p.order_id,
+                    Some(format!("inventory_rejected: {}", p.reason)),
+                )
+                .await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Confirms (`cancel_reason` None) or cancels a pending order and emits the outcome.
+async fn decide(
+    tx: &mut TenantTx,
+    order_id: i64,
+    cancel_reason: Option<String>,
+) -> Result<(), HandlerError> {
+    let status = if cancel_reason.is_some() {
+        "cancelled"
+    } else {
+        "confirmed"
+    };
+    let moved = sqlx::query(
+        "UPDATE orders SET status = $2, cancel_reason = $3, updated_at = now()
+         WHERE order_id = $1 AND status = 'pending'",
+    )
+    .bind(order_id)
+    .bind(status)
+    .bind(&cancel_reason)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        let current: Option<String> =
+            sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                .bind(order_id)
+                .fetch_optional(&mut **tx)
+                .await?;
+        return match current {
+            None => Err(HandlerError::Permanent(format!("no order {order_id}"))),
+            Some(current) => {
+                tracing::warn!(
+                    order_id,
+                    current,
+                    wanted = status,
+                    "order already decided; event ignored"
+                );
+                Ok(())
+            }
+        };
+    }
+    let event = match cancel_reason {
+        None => NewEvent::new(
+            aggregate::ORDER,
+            order_id,
+            event::ORDER_CONFIRMED,
+            &contracts::OrderConfirmed { order_id },
+        )?,
+        Some(reason) => NewEvent::new(
+            aggregate::ORDER,
+            order_id,
+            event::ORDER_CANCELLED,
+            &contracts::OrderCancelled { order_id, reason },
+        )?,
+    };
+    outbox::enqueue(tx, &event).await?;
+    tracing::info!(order_id, status, "order decided");
+    Ok(())
+}

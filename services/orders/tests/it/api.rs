@@ -1,0 +1,257 @@
+//! The HTTP contract of orders (shared/api.md).
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::{ORDER, TestApp};
+
+#[tokio::test]
+async fn placing_an_order_answers_201_with_the_order_and_writes_order_placed() {
+    let app = TestApp::spawn().await;
+    let (status, replayed, body) = app.place(1, "k-1", ORDER).await;
+    assert_eq!((status, replayed), (201, false), "{body}");
+    assert_eq!(body["status"], "pending");
+    assert_eq!(body["customer_id"], "c-1");
+    assert_eq!(body["currency"], "EUR");
+    assert_eq!(body["total_cents"], 2599);
+    assert_eq!(body["lines"].as_array().unwrap().len(), 2);
+    assert!(body["created_at"].is_string());
+
+    let (status, fetched) = app.get(1, &format!("/orders/{}", body["order_id"])).await;
+    assert_eq!(status, 200);
+    assert_eq!(fetched, body);
+
+    let (event_type, payload): (String, Value) =
+        sqlx::query_as("SELECT event_type, payload FROM outbox_messages")
+            .fetch_one(&app.db.owner)
+            .await
+            .unwrap();
+    assert_eq!(event_type, "OrderPlaced");
+    assert_eq!(payload["order_id"], body["order_id"]);
+    assert_eq!(payload["total_cents"], 2599);
+    assert_eq!(
+        payload["lines"][0],
+        json!({"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1250})
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_orders_get_422_and_write_nothing_but_the_cached_answer() {
+    let app = TestApp::spawn().await;
+    let line = |q: i64, p: i64| json!({"sku": "S", "quantity": q, "unit_price_cents": p});
+    let order = |customer: &str, currency: &str, lines: Vec<Value>| {
+        json!({"customer_id": customer, "currency": currency, "lines": lines}).to_string()
+    };
+    let cases = [
+        order("c", "EUR", vec![]),
+        order("c", "EUR", vec![line(1, 1); 101]),
+        order("c", "EUR", vec![line(0, 1)]),
+        order("c", "EUR", vec![line(10_001, 1)]),
+        order("c", "EUR", vec![line(1, -1)]),
+        order("c", "EUR", vec![line(1, 100_000_001)]),
+        order("c", "eur", vec![line(1, 1)]),
+        order("c", "EURO", vec![line(1, 1)]),
+        order("", "EUR", vec![line(1, 1)]),
+        order(&"c".repeat(65), "EUR", vec![line(1, 1)]),
+        json!({"customer_id": "c", "currency": "EUR", "lines": [{"sku": "", "quantity": 1, "unit_price_cents": 1}]}).to_string(),
+        json!({"customer_id": "c", "currency": "EUR", "lines": [{"sku": "S", "quantity": 1e30, "unit_price_cents": 1}]}).to_string(),
+        json!({"customer_id": "c", "currency": "EUR"}).to_string(),
+        json!([1, 2, 3]).to_string(),
+    ];
+    for (i, body) in cases.iter().enumerate() {
+        let (status, _, err) = app.place(1, &format!("bad-{i}"), body).await;
+        assert_eq!(status, 422, "case {i}: {body} -> {err}");
+        assert!(
+            err["error"]["code"].is_string() && err["error"]["message"].is_string(),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        (
+            app.count("orders").await,
+            app.count("order_lines").await,
+            app.count("outbox_messages").await
+        ),
+        (0, 0, 0)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_oversized_and_unauthenticated_requests_get_400_413_401() {
+    let app = TestApp::spawn().await;
+    let (status, _, err) = app.place(1, "k", "{\"customer_id\": ").await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (400, Some("malformed_json"))
+    );
+
+    let huge = format!(
+        r#"{{"customer_id": "{}", "currency": "EUR", "lines": []}}"#,
+        "x".repeat(70 * 1024)
+    );
+    let (status, _, err) = app.place(1, "k2", &huge).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (413, Some("payload_too_large"))
+    );
+
+    // Without Content-Length (chunked), the limit still holds.
+    let stream =
+        futures_util::stream::iter((0..80).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1024])));
+    let resp = app
+        .http
+        .post(format!("{}/orders", app.url))
+        .bearer_auth(app.token(1))
+        .header("Idempotency-Key", "k3")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+
+    for auth in [None, Some("Bearer nonsense"), Some("Basic dXNlcjpwYXNz")] {
+        let mut req = app
+            .http
+            .post(format!("{}/orders", app.url))
+            .header("Idempotency-Key", "k4")
+            .body(ORDER);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{auth:?}");
+    }
+    let expired = {
+        #[derive(serde::Serialize)]
+        struct Claims {
+            tenant_id: i64,
+            exp: u64,
+        }
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 10;
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &Claims { tenant_id: 1, exp },
+            &jsonwebtoken::EncodingKey::from_secret(b"dev-secret-change-me"),
+        )
+        .unwrap()
+    };
+    let resp = app
+        .http
+        .get(format!("{}/orders/1", app.url))
+        .bearer_auth(expired)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+
+    let (status, _, err) = app.place(1, "", ORDER).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (400, Some("idempotency_key_invalid"))
+    );
+    let resp = app
+        .http
+        .post(format!("{}/orders", app.url))
+        .bearer_auth(app.token(1))
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400, "no Idempotency-Key at all");
+    assert_eq!(
+        (
+            app.count("orders").await,
+            app.count("outbox_messages").await
+        ),
+        (0, 0)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn another_tenants_order_is_not_found_exactly_like_a_missing_one() {
+    let app = TestApp::spawn().await;
+    let (_, _, order) = app.place(1, "k", ORDER).await;
+    let path = format!("/orders/{}", order["order_id"]);
+    let (theirs, theirs_body) = app.get(2, &path).await;
+    let (missing, missing_body) = app.get(2, "/orders/999999999").await;
+    let (junk, _) = app.get(2, "/orders/not-a-number").await;
+    assert_eq!((theirs, missing, junk), (404, 404, 404));
+    assert_eq!(theirs_body, missing_body, "no difference to learn from");
+    // Tenant 2 reusing tenant 1's key creates its own order, not a replay.
+    let (status, replayed, _) = app.place(2, "k", ORDER).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(app.get(1, &path).await.0, 200);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_identical_posts_create_one_order() {
+    let app = Arc::new(TestApp::spawn().await);
+    let responses = futures_util::future::join_all((0..50).map(|_| {
+        let app = app.clone();
+        async move { app.place(1, "same", ORDER).await }
+    }))
+    .await;
+    assert_eq!(app.count("orders").await, 1);
+    assert_eq!(app.count("outbox_messages").await, 1, "one OrderPlaced");
+    let first = responses
+        .iter()
+        .find(|(_, replayed, _)| !replayed)
+        .unwrap()
+        .2
+        .clone();
+    for (status, _, body) in &responses {
+        assert!(*status == 201 || *status == 425, "{status} {body}");
+        if *status == 201 {
+            assert_eq!(body, &first);
+        }
+    }
+    let (status, _, err) = app.place(1, "same", &ORDER.replace("c-1", "c-2")).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (409, Some("idempotency_key_reused"))
+    );
+    Arc::into_inner(app).unwrap().stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_need_no_token() {
+    let app = TestApp::spawn().await;
+    for (path, status) in [
+        ("/healthz", 200),
+        ("/readyz", 200),
+        ("/metrics", 200),
+        ("/nope", 404),
+    ] {
+        let resp = app
+            .http
+            .get(format!("{}{path}", app.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+    }
+    app.place(1, "m", ORDER).await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"http_requests_total{method="POST",route="/orders",status="201"}"#),
+        "{text}"
+    );
+    app.stop().await;
+}
