@@ -334,6 +334,66 @@ impl Tasks {
     }
 }
 
+/// What a service brings to [`launch`].
+pub struct ServiceSpec<'a> {
+    /// The service's name: the source of its events.
+    pub name: &'static str,
+    pub role: Role,
+    /// HTTP port (0 picks a free one).
+    pub port: u16,
+    pub common: &'a CommonSettings,
+    /// The service's own migrations (the reliability tables come first).
+    pub migrations: &'static sqlx::migrate::Migrator,
+    /// The service's routes, given the shared HTTP state.
+    pub routes: fn(ApiState) -> Router,
+}
+
+/// A started service: its port (when serving) and its tasks.
+pub struct Launched {
+    pub port: u16,
+    pub tasks: Tasks,
+}
+
+/// Starts the parts of a service its role asks for: migrations, the HTTP
+/// server (with the contract's stack and ops routes), the outbox relay and
+/// maintenance, and whatever `consumers` adds (when the role consumes).
+pub async fn launch(
+    spec: ServiceSpec<'_>,
+    dbs: Databases,
+    shutdown: ShutdownToken,
+    consumers: impl FnOnce(&mut Tasks, &Databases) -> Result<()>,
+) -> Result<Launched> {
+    let common = spec.common;
+    let mut tasks = Tasks::new(shutdown.clone());
+    if spec.role.migrates() {
+        migrate_with_retry(&dbs.owner, spec.migrations, &shutdown).await?;
+    }
+    let mut port = 0;
+    if spec.role.serves() {
+        let listener = bind(common, spec.port).await?;
+        port = listener
+            .local_addr()
+            .map_err(|e| Error::Config(e.to_string()))?
+            .port();
+        let routes = (spec.routes)(ApiState::new(dbs.app.clone(), common.jwt_keys()));
+        let app = http_app(
+            routes,
+            dbs.app.clone(),
+            &common.amqp_url,
+            crate::metrics::install(),
+        );
+        tasks.spawn("http", serve(listener, app, shutdown.clone()));
+        tracing::info!(service = spec.name, port, "listening");
+    }
+    if spec.role.relays() {
+        tasks.spawn_relay(&dbs, common, spec.name)?;
+    }
+    if spec.role.consumes() {
+        consumers(&mut tasks, &dbs)?;
+    }
+    Ok(Launched { port, tasks })
+}
+
 /// Binds the HTTP listener (port 0 picks a free port: tests).
 pub async fn bind(common: &CommonSettings, port: u16) -> Result<TcpListener> {
     TcpListener::bind((common.bind_address.as_str(), port))

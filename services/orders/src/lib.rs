@@ -13,7 +13,9 @@ pub mod saga;
 
 use clap::Parser;
 use reliability::consumer::Consumer;
-use reliability::service::{self, ApiState, CommonSettings, Databases, Role, ShutdownToken, Tasks};
+use reliability::service::{
+    self, CommonSettings, Databases, Launched, Role, ServiceSpec, ShutdownToken,
+};
 use sqlx::migrate::Migrator;
 
 pub use error::Error;
@@ -42,10 +44,7 @@ pub struct Settings {
 }
 
 /// The running parts of the service.
-pub struct Application {
-    port: u16,
-    tasks: Tasks,
-}
+pub struct Application(Launched);
 
 impl Application {
     pub async fn build(settings: Settings, shutdown: ShutdownToken) -> anyhow::Result<Self> {
@@ -60,44 +59,33 @@ impl Application {
         shutdown: ShutdownToken,
     ) -> anyhow::Result<Self> {
         let common = &settings.common;
-        let mut tasks = Tasks::new(shutdown.clone());
-        if settings.role.migrates() {
-            service::migrate_with_retry(&dbs.owner, &MIGRATIONS, &shutdown).await?;
-        }
-        let mut port = 0;
-        if settings.role.serves() {
-            let listener = service::bind(common, settings.port).await?;
-            port = listener.local_addr()?.port();
-            let routes = http::router(ApiState::new(dbs.app.clone(), common.jwt_keys()));
-            let app = service::http_app(
-                routes,
-                dbs.app.clone(),
-                &common.amqp_url,
-                reliability::metrics::install(),
-            );
-            tasks.spawn("http", service::serve(listener, app, shutdown.clone()));
-            tracing::info!(port, "orders listening");
-        }
-        if settings.role.relays() {
-            tasks.spawn_relay(&dbs, common, contracts::source::ORDERS)?;
-        }
-        if settings.role.consumes() {
+        let spec = ServiceSpec {
+            name: contracts::source::ORDERS,
+            role: settings.role,
+            port: settings.port,
+            common,
+            migrations: &MIGRATIONS,
+            routes: http::router,
+        };
+        let launched = service::launch(spec, dbs, shutdown, |tasks, dbs| {
             tasks.spawn_consumer(Consumer::new(
                 dbs.app.clone(),
                 &common.amqp_url,
                 saga::consumer_config(common)?,
                 saga::Saga,
             ));
-        }
-        Ok(Self { port, tasks })
+            Ok(())
+        })
+        .await?;
+        Ok(Self(launched))
     }
 
     /// The HTTP port, when serving.
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port
     }
 
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        Ok(self.tasks.wait().await?)
+        Ok(self.0.tasks.wait().await?)
     }
 }

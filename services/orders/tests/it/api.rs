@@ -102,9 +102,10 @@ async fn malformed_oversized_and_unauthenticated_requests_get_400_413_401() {
     let stream =
         futures_util::stream::iter((0..80).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1024])));
     let resp = app
+        .api
         .http
-        .post(format!("{}/orders", app.url))
-        .bearer_auth(app.token(1))
+        .post(format!("{}/orders", app.api.url))
+        .bearer_auth(app.api.token(1))
         .header("Idempotency-Key", "k3")
         .body(reqwest::Body::wrap_stream(stream))
         .send()
@@ -114,8 +115,9 @@ async fn malformed_oversized_and_unauthenticated_requests_get_400_413_401() {
 
     for auth in [None, Some("Bearer nonsense"), Some("Basic dXNlcjpwYXNz")] {
         let mut req = app
+            .api
             .http
-            .post(format!("{}/orders", app.url))
+            .post(format!("{}/orders", app.api.url))
             .header("Idempotency-Key", "k4")
             .body(ORDER);
         if let Some(a) = auth {
@@ -143,8 +145,9 @@ async fn malformed_oversized_and_unauthenticated_requests_get_400_413_401() {
         .unwrap()
     };
     let resp = app
+        .api
         .http
-        .get(format!("{}/orders/1", app.url))
+        .get(format!("{}/orders/1", app.api.url))
         .bearer_auth(expired)
         .send()
         .await
@@ -157,9 +160,10 @@ async fn malformed_oversized_and_unauthenticated_requests_get_400_413_401() {
         (400, Some("idempotency_key_invalid"))
     );
     let resp = app
+        .api
         .http
-        .post(format!("{}/orders", app.url))
-        .bearer_auth(app.token(1))
+        .post(format!("{}/orders", app.api.url))
+        .bearer_auth(app.api.token(1))
         .body(ORDER)
         .send()
         .await
@@ -232,8 +236,9 @@ async fn health_readiness_and_metrics_need_no_token() {
         ("/nope", 404),
     ] {
         let resp = app
+            .api
             .http
-            .get(format!("{}{path}", app.url))
+            .get(format!("{}{path}", app.api.url))
             .send()
             .await
             .unwrap();
@@ -241,8 +246,9 @@ async fn health_readiness_and_metrics_need_no_token() {
     }
     app.place(1, "m", ORDER).await;
     let text = app
+        .api
         .http
-        .get(format!("{}/metrics", app.url))
+        .get(format!("{}/metrics", app.api.url))
         .send()
         .await
         .unwrap()

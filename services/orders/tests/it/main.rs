@@ -4,21 +4,15 @@
 mod api;
 mod saga;
 
-use std::time::Duration;
-
 use orders::{Application, Settings};
-use reliability::TenantId;
-use reliability::auth::JwtKeys;
 use reliability::service::{CommonSettings, Role, ShutdownToken};
-use reliability::testing::{TestDb, unique};
+use reliability::testing::{Answer, ApiClient, TestDb, unique};
 use serde_json::Value;
 
 /// The orders service on a free port with a database of its own.
 pub struct TestApp {
-    pub url: String,
+    pub api: ApiClient,
     pub db: TestDb,
-    pub jwt: JwtKeys,
-    pub http: reqwest::Client,
     stop: ShutdownToken,
 }
 
@@ -38,51 +32,17 @@ impl TestApp {
         let app = Application::build_with(settings, db.databases(), stop.clone())
             .await
             .unwrap();
-        let url = format!("http://127.0.0.1:{}", app.port());
+        let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
-        Self {
-            url,
-            db,
-            jwt,
-            http: reqwest::Client::new(),
-            stop,
-        }
+        Self { api, db, stop }
     }
 
-    pub fn token(&self, tenant: i64) -> String {
-        self.jwt
-            .mint(TenantId::new(tenant).unwrap(), Duration::from_secs(600))
-    }
-
-    /// POST /orders as `tenant` with `key`; (status, replayed, body).
-    pub async fn place(&self, tenant: i64, key: &str, body: &str) -> (u16, bool, Value) {
-        let resp = self
-            .http
-            .post(format!("{}/orders", self.url))
-            .bearer_auth(self.token(tenant))
-            .header("Idempotency-Key", key)
-            .header("content-type", "application/json")
-            .body(body.to_owned())
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let replayed = resp.headers().get("idempotent-replayed").is_some();
-        (status, replayed, resp.json().await.unwrap_or(Value::Null))
+    pub async fn place(&self, tenant: i64, key: &str, body: &str) -> Answer {
+        self.api.post(tenant, "/orders", key, body).await
     }
 
     pub async fn get(&self, tenant: i64, path: &str) -> (u16, Value) {
-        let resp = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .bearer_auth(self.token(tenant))
-            .send()
-            .await
-            .unwrap();
-        (
-            resp.status().as_u16(),
-            resp.json().await.unwrap_or(Value::Null),
-        )
+        self.api.get(tenant, path).await
     }
 
     pub async fn count(&self, table: &'static str) -> i64 {

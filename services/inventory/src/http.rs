@@ -1,0 +1,141 @@
+//! `POST /stock/adjustments` and `GET /products/{sku}`, and their SQL.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use contracts::{aggregate, event};
+use reliability::idempotency::Idempotent;
+use reliability::outbox::{self, NewEvent};
+use reliability::service::ApiState;
+use reliability::{TenantId, TenantTx};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::Error;
+use crate::domain::Sku;
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/stock/adjustments", post(adjust_stock))
+        .route("/products/{sku}", get(get_product))
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Adjustment {
+    pub sku: String,
+    pub delta: i64,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct ProductView {
+    pub sku: String,
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub available: i64,
+}
+
+const MAX_DELTA: i64 = 1_000_000_000;
+
+async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error> {
+    let checked = Sku::parse(req.body.sku.clone()).and_then(|sku| {
+        if req.body.delta == 0 || req.body.delta.abs() > MAX_DELTA {
+            return Err(Error::Invalid(format!(
+                "delta must be non-zero and within ±{MAX_DELTA}"
+            )));
+        }
+        if !(1..=200).contains(&req.body.reason.chars().count()) {
+            return Err(Error::Invalid("reason must be 1 to 200 characters".into()));
+        }
+        Ok(sku)
+    });
+    let sku = match checked {
+        Ok(sku) => sku,
+        Err(e) => return Ok(req.reject(e.api()).await?),
+    };
+    let product = match apply_adjustment(&mut req.tx, &sku, req.body.delta, &req.body.reason).await
+    {
+        Ok(p) => p,
+        Err(e @ Error::BelowReserved) => return Ok(req.reject(e.api()).await?),
+        Err(e) => return Err(e),
+    };
+    let adjusted = contracts::StockAdjusted {
+        sku: product.sku.clone(),
+        delta: req.body.delta,
+        on_hand: product.on_hand,
+        reason: req.body.reason.clone(),
+    };
+    outbox::enqueue(
+        &mut req.tx,
+        &NewEvent::new(
+            aggregate::PRODUCT,
+            &product.sku,
+            event::STOCK_ADJUSTED,
+            &adjusted,
+        )?,
+    )
+    .await?;
+    Ok(req.complete(StatusCode::CREATED, &product).await?)
+}
+
+/// Adds stock (creating the product) or removes it, never below what is
+/// reserved; an unknown sku has nothing to remove.
+async fn apply_adjustment(
+    tx: &mut TenantTx,
+    sku: &Sku,
+    delta: i64,
+    reason: &str,
+) -> Result<ProductView, Error> {
+    let tenant = tx.tenant().get();
+    let product: Option<ProductView> = if delta > 0 {
+        sqlx::query_as(
+            "INSERT INTO products (tenant_id, sku, on_hand) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant_id, sku) DO UPDATE SET on_hand = products.on_hand + $3, updated_at = now()
+             RETURNING sku, on_hand, reserved, on_hand - reserved AS available",
+        )
+        .bind(tenant)
+        .bind(sku.as_str())
+        .bind(delta)
+        .fetch_optional(&mut **tx)
+        .await?
+    } else {
+        sqlx::query_as(
+            "UPDATE products SET on_hand = on_hand + $2, updated_at = now()
+             WHERE sku = $1 AND on_hand + $2 >= reserved
+             RETURNING sku, on_hand, reserved, on_hand - reserved AS available",
+        )
+        .bind(sku.as_str())
+        .bind(delta)
+        .fetch_optional(&mut **tx)
+        .await?
+    };
+    let product = product.ok_or(Error::BelowReserved)?;
+    sqlx::query(
+        "INSERT INTO stock_adjustments (tenant_id, sku, delta, reason) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(tenant)
+    .bind(sku.as_str())
+    .bind(delta)
+    .bind(reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(product)
+}
+
+async fn get_product(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Path(sku): Path<String>,
+) -> Result<Json<ProductView>, Error> {
+    let mut tx = TenantTx::begin(&pool, tenant).await?;
+    let product = sqlx::query_as("SELECT sku, on_hand, reserved, on_hand - reserved AS available FROM products WHERE sku = $1")
+        .bind(&sku)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(Error::NotFound)?;
+    tx.commit().await?;
+    Ok(Json(product))
+}

@@ -1,0 +1,205 @@
+//! The inventory side of the saga: on `OrderPlaced` reserve every line or
+//! none (invariant I5: available never below zero, also under concurrent
+//! orders for the last units); on `OrderConfirmed` commit the reservation;
+//! on `OrderCancelled` release it.
+
+use std::collections::BTreeMap;
+
+use contracts::{aggregate, event, source};
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::outbox::{self, Envelope, NewEvent};
+use reliability::{TenantTx, service::CommonSettings};
+
+pub const CONSUMER: &str = "inventory.stock";
+
+pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
+    let keys: Vec<String> = [
+        event::ORDER_PLACED,
+        event::ORDER_CONFIRMED,
+        event::ORDER_CANCELLED,
+    ]
+    .iter()
+    .map(|e| format!("{}.{e}", source::ORDERS))
+    .collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut config = ConsumerConfig::new(CONSUMER, &common.exchange, &keys);
+    config.fail_points = common.fail_points()?;
+    Ok(config)
+}
+
+pub struct Stock;
+
+fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerError> {
+    if e.event_version != 1 {
+        return Err(HandlerError::Permanent(format!(
+            "unknown version {} of {}",
+            e.event_version, e.event_type
+        )));
+    }
+    e.payload_as()
+        .map_err(|err| HandlerError::Permanent(format!("bad {} payload: {err}", e.event_type)))
+}
+
+impl Handler for Stock {
+    async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        match e.event_type.as_str() {
+            event::ORDER_PLACED => reserve(tx, decode(e)?).await,
+            event::ORDER_CONFIRMED => {
+                let c: contracts::OrderConfirmed = decode(e)?;
+                settle(tx, c.order_id, Settle::Commit).await
+            }
+            event::ORDER_CANCELLED => {
+                let c: contracts::OrderCancelled = decode(e)?;
+                settle(tx, c.order_id, Settle::Release).await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+async fn reserve(tx: &mut TenantTx, order: contracts::OrderPlaced) -> Result<(), HandlerError> {
+    let tenant = tx.tenant().get();
+    // One line per sku, in sku order: every reservation locks rows in the
+    // same order, so concurrent orders cannot deadlock.
+    let mut wanted: BTreeMap<&str, i64> = BTreeMap::new();
+    for line in &order.lines {
+        *wanted.entry(line.sku.as_str()).or_default() += line.quantity;
+    }
+    let skus: Vec<&str> = wanted.keys().copied().collect();
+    let quantities: Vec<i64> = wanted.values().copied().collect();
+
+    // A tombstone (an earlier cancel) or an earlier decision: nothing to do.
+    let fresh = sqlx::query(
+        "INSERT INTO reservations (tenant_id, order_id, status) VALUES ($1, $2, 'reserved') ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(order.order_id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if !fresh {
+        return Ok(());
+    }
+    let stock: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT sku, on_hand - reserved FROM products WHERE sku = ANY($1) ORDER BY sku FOR UPDATE",
+    )
+    .bind(&skus)
+    .fetch_all(&mut **tx)
+    .await?;
+    let available: BTreeMap<&str, i64> = stock.iter().map(|(s, a)| (s.as_str(), *a)).collect();
+    let shortfall = wanted
+        .iter()
+        .find_map(|(sku, qty)| match available.get(sku) {
+            None => Some(format!("unknown_sku: {sku}")),
+            Some(a) if a < qty => Some(format!("insufficient_stock: {sku}")),
+            Some(_) => None,
+        });
+    let order_id = order.order_id;
+    if let Some(reason) = shortfall {
+        sqlx::query("UPDATE reservations SET status = 'rejected', reason = $2, updated_at = now() WHERE order_id = $1")
+            .bind(order_id)
+            .bind(&reason)
+            .execute(&mut **tx)
+            .await?;
+        let rejected = contracts::InventoryRejected { order_id, reason };
+        outbox::enqueue(
+            tx,
+            &NewEvent::new(
+                aggregate::ORDER,
+                order_id,
+                event::INVENTORY_REJECTED,
+                &rejected,
+            )?,
+        )
+        .await?;
+        tracing::info!(order_id, reason = %rejected.reason, "reservation rejected");
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE products p SET reserved = p.reserved + w.quantity, updated_at = now()
+         FROM unnest($1::text[], $2::bigint[]) AS w(sku, quantity) WHERE p.sku = w.sku",
+    )
+    .bind(&skus)
+    .bind(&quantities)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO reservation_lines (tenant_id, order_id, sku, quantity)
+         SELECT $1, $2, w.sku, w.quantity FROM unnest($3::text[], $4::bigint[]) AS w(sku, quantity)",
+    )
+    .bind(tenant)
+    .bind(order_id)
+    .bind(&skus)
+    .bind(&quantities)
+    .execute(&mut **tx)
+    .await?;
+    let reserved = contracts::InventoryReserved {
+        order_id,
+        customer_id: order.customer_id,
+        currency: order.currency,
+        total_cents: order.total_cents,
+    };
+    outbox::enqueue(
+        tx,
+        &NewEvent::new(
+            aggregate::ORDER,
+            order_id,
+            event::INVENTORY_RESERVED,
+            &reserved,
+        )?,
+    )
+    .await?;
+    tracing::info!(order_id, "stock reserved");
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Settle {
+    Commit,
+    Release,
+}
+
+/// Turns a live reservation into a sale or gives it back. A cancel that
+/// finds no reservation leaves a `released` tombstone, so an `OrderPlaced`
+/// delivered after it reserves nothing.
+async fn settle(tx: &mut TenantTx, order_id: i64, how: Settle) -> Result<(), HandlerError> {
+    let status = match how {
+        Settle::Commit => "committed",
+        Settle::Release => "released",
+    };
+    let moved = sqlx::query(
+        "UPDATE reservations SET status = $2, updated_at = now() WHERE order_id = $1 AND status = 'reserved'",
+    )
+    .bind(order_id)
+    .bind(status)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        if let Settle::Release = how {
+            sqlx::query(
+                "INSERT INTO reservations (tenant_id, order_id, status, reason) VALUES ($1, $2, 'released', 'cancelled before reservation')
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(tx.tenant().get())
+            .bind(order_id)
+            .execute(&mut **tx)
+            .await?;
+        }
+        return Ok(());
+    }
+    let sql = match how {
+        Settle::Commit => {
+            "UPDATE products p SET on_hand = p.on_hand - l.quantity, reserved = p.reserved - l.quantity, updated_at = now()
+             FROM reservation_lines l WHERE l.order_id = $1 AND l.sku = p.sku"
+        }
+        Settle::Release => {
+            "UPDATE products p SET reserved = p.reserved - l.quantity, updated_at = now()
+             FROM reservation_lines l WHERE l.order_id = $1 AND l.sku = p.sku"
+        }
+    };
+    sqlx::query(sql).bind(order_id).execute(&mut **tx).await?;
+    tracing::info!(order_id, status, "reservation settled");
+    Ok(())
+}
