@@ -1,0 +1,139 @@
+//! `GET /payments?order_id=` and `POST /refunds`, and their SQL. A refund is
+//! accepted here (reserving the amount against the payment) and carried out
+//! by the provider worker, never inside this transaction.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use reliability::idempotency::Idempotent;
+use reliability::service::ApiState;
+use reliability::{TenantId, TenantTx};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::Error;
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/payments", get(list_payments))
+        .route("/refunds", post(create_refund))
+        .with_state(state)
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct PaymentView {
+    pub payment_id: i64,
+    pub order_id: i64,
+    pub status: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub refunded_cents: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PaymentsQuery {
+    pub order_id: Option<String>,
+}
+
+async fn list_payments(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Query(q): Query<PaymentsQuery>,
+) -> Result<Json<Vec<PaymentView>>, Error> {
+    // An order id that is not a number matches nothing, like an unknown one.
+    let order_id: Option<i64> = match q.order_id.as_deref() {
+        None => None,
+        Some(s) => match s.parse() {
+            Ok(id) => Some(id),
+            Err(_) => return Ok(Json(Vec::new())),
+        },
+    };
+    let mut tx = TenantTx::begin(&pool, tenant).await?;
+    let rows = sqlx::query_as(
+        "SELECT payment_id, order_id, status, amount_cents, currency, refunded_cents
+         FROM payments WHERE $1::bigint IS NULL OR order_id = $1 ORDER BY payment_id LIMIT 100",
+    )
+    .bind(order_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Json(rows))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RefundRequest {
+    pub payment_id: serde_json::Value,
+    pub amount_cents: i64,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct RefundView {
+    pub refund_id: i64,
+    pub payment_id: i64,
+    pub amount_cents: i64,
+    pub status: String,
+}
+
+async fn create_refund(mut req: Idempotent<RefundRequest>) -> Result<Response, Error> {
+    // Ids are opaque to clients: a number or a numeric string.
+    let payment_id = match &req.body.payment_id {
+        serde_json::Value::Number(n) => n.as_i64(),
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    let Some(payment_id) = payment_id else {
+        return Ok(req.reject(Error::NotFound.api()).await?);
+    };
+    let amount = req.body.amount_cents;
+    if amount <= 0 {
+        return Ok(req
+            .reject(Error::Invalid("amount_cents must be positive".into()).api())
+            .await?);
+    }
+    match reserve_refund(&mut req.tx, payment_id, amount).await {
+        Ok(refund) => Ok(req.complete(StatusCode::CREATED, &refund).await?),
+        Err(e @ (Error::NotFound | Error::RefundTooLarge)) => Ok(req.reject(e.api()).await?),
+        Err(e) => Err(e),
+    }
+}
+
+/// Counts the amount against the captured payment and records the refund
+/// as pending; the worker asks the provider.
+async fn reserve_refund(
+    tx: &mut TenantTx,
+    payment_id: i64,
+    amount: i64,
+) -> Result<RefundView, Error> {
+    let reserved = sqlx::query(
+        "UPDATE payments SET refunded_cents = refunded_cents + $2, updated_at = now()
+         WHERE payment_id = $1 AND status = 'captured' AND refunded_cents + $2 <= amount_cents",
+    )
+    .bind(payment_id)
+    .bind(amount)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if reserved == 0 {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT FROM payments WHERE payment_id = $1)")
+                .bind(payment_id)
+                .fetch_one(&mut **tx)
+                .await?;
+        return Err(if exists {
+            Error::RefundTooLarge
+        } else {
+            Error::NotFound
+        });
+    }
+    Ok(sqlx::query_as(
+        "INSERT INTO refunds (tenant_id, payment_id, amount_cents) VALUES ($1, $2, $3)
+         RETURNING refund_id, payment_id, amount_cents, status",
+    )
+    .bind(tx.tenant().get())
+    .bind(payment_id)
+    .bind(amount)
+    .fetch_one(&mut **tx)
+    .await?)
+}

@@ -1,0 +1,128 @@
+//! payments against the real PostgreSQL and the provider simulator: one
+//! charge per payment whatever fails, refunds once and never above capture.
+
+mod flow;
+
+use std::time::Duration;
+
+use payments::charges::{CONSUMER, Charges};
+use payments::provider::{Psp, Worker, WorkerConfig};
+use payments::{Application, Settings};
+use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::failpoint::FailPoints;
+use reliability::outbox::Envelope;
+use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
+use serde_json::json;
+
+pub struct TestApp {
+    pub api: ApiClient,
+    pub db: TestDb,
+    pub psp: psp_sim::Simulator,
+    pub psp_url: String,
+    stop: ShutdownToken,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        let db = TestDb::with_migrations(&payments::MIGRATIONS).await;
+        let stop = ShutdownToken::new();
+        let sim = psp_sim::Application::build(psp_sim::Settings { port: 0 })
+            .await
+            .unwrap();
+        let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
+        tokio::spawn(sim.run_until_stopped(stop.clone()));
+
+        let mut common = CommonSettings::local();
+        common.exchange = unique("reltest.payments.");
+        let jwt = common.jwt_keys();
+        let settings = Settings {
+            role: Role::Serve,
+            port: 0,
+            database_url: String::new(),
+            psp_url: psp_url.clone(),
+            psp_timeout_ms: 500,
+            psp_lease_secs: 30,
+            common,
+        };
+        let app = Application::build_with(settings, db.databases(), stop.clone())
+            .await
+            .unwrap();
+        let api = ApiClient::new(app.port(), jwt);
+        tokio::spawn(app.run_until_stopped());
+        Self {
+            api,
+            db,
+            psp,
+            psp_url,
+            stop,
+        }
+    }
+
+    pub fn worker(&self, fail_points: FailPoints) -> Worker {
+        let psp = Psp::new(&self.psp_url, Duration::from_millis(300));
+        Worker::new(
+            self.db.app.clone(),
+            psp,
+            WorkerConfig::default(),
+            fail_points,
+        )
+    }
+
+    /// Records a pending payment as the saga's consumer would.
+    pub async fn reserve(&self, tenant: i64, order_id: i64, customer: &str, total: i64) {
+        let consumer = Consumer::new(
+            self.db.app.clone(),
+            &amqp_url(),
+            ConsumerConfig::new(CONSUMER, "unused", &[]),
+            Charges,
+        );
+        let e = Envelope {
+            id: order_id,
+            source: "inventory".into(),
+            tenant_id: tenant,
+            aggregate_type: "order".into(),
+            aggregate_id: order_id.to_string(),
+            event_type: "InventoryReserved".into(),
+            event_version: 1,
+            occurred_at: chrono::Utc::now(),
+            payload: json!({"order_id": order_id, "customer_id": customer, "currency": "EUR", "total_cents": total}),
+        };
+        consumer.apply(&e).await.unwrap();
+    }
+
+    /// (payment_id, status, refunded_cents) of an order's payment, as the owner.
+    pub async fn payment(&self, order_id: i64) -> (i64, String, i64) {
+        sqlx::query_as(
+            "SELECT payment_id, status, refunded_cents FROM payments WHERE order_id = $1",
+        )
+        .bind(order_id)
+        .fetch_one(&self.db.owner)
+        .await
+        .unwrap()
+    }
+
+    /// Ends every lease and backoff now, as if the time had passed.
+    pub async fn expire_leases(&self) {
+        sqlx::query("UPDATE payments SET next_attempt_at = now() WHERE status = 'pending'")
+            .execute(&self.db.owner)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE refunds SET next_attempt_at = now() WHERE status = 'pending'")
+            .execute(&self.db.owner)
+            .await
+            .unwrap();
+    }
+
+    pub async fn events(&self) -> Vec<String> {
+        sqlx::query_scalar("SELECT event_type FROM outbox_messages ORDER BY id")
+            .fetch_all(&self.db.owner)
+            .await
+            .unwrap()
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.db.cleanup().await;
+    }
+}
