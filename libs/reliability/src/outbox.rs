@@ -115,3 +115,53 @@ impl Envelope {
 pub fn routing_key(source: &str, event_type: &str) -> String {
     format!("{source}.{event_type}")
 }
+
+/// A page of `source`'s event history (the outbox and its archive) after
+/// outbox id `after`, as the relay publishes it: the source a projection is
+/// rebuilt from. Read as the owner role; rows still unpublished are
+/// included (consumers deduplicate), rows past the archive's retention are gone.
+pub async fn history(
+    owner: &sqlx::PgPool,
+    source: &str,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<Envelope>> {
+    let rows: Vec<(i64, i64, String, String, String, i32, DateTime<Utc>, Value)> = sqlx::query_as(
+        "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+         FROM (SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+               FROM outbox_messages WHERE id > $1
+               UNION ALL
+               SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+               FROM outbox_messages_archive WHERE id > $1) h
+         ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(owner)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(
+                id,
+                tenant_id,
+                aggregate_type,
+                aggregate_id,
+                event_type,
+                event_version,
+                occurred_at,
+                payload,
+            )| Envelope {
+                id,
+                source: source.to_owned(),
+                tenant_id,
+                aggregate_type,
+                aggregate_id,
+                event_type,
+                event_version,
+                occurred_at,
+                payload,
+            },
+        )
+        .collect())
+}

@@ -1,0 +1,72 @@
+//! `GET /orders/{order_id}`: the order as the events tell it.
+
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use reliability::service::ApiState;
+use reliability::{TenantId, TenantTx};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+
+use crate::Error;
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/orders/{order_id}", get(get_order))
+        .with_state(state)
+}
+
+#[derive(Debug, PartialEq, Serialize, sqlx::FromRow)]
+pub struct OrderView {
+    pub order_id: i64,
+    pub status: String,
+    pub total_cents: Option<i64>,
+    pub currency: Option<String>,
+    pub payment_status: String,
+    pub reservation_status: String,
+    pub refunded_cents: i64,
+    #[sqlx(skip)]
+    pub events: Vec<EventView>,
+}
+
+#[derive(Debug, PartialEq, Serialize, sqlx::FromRow)]
+pub struct EventView {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub source: String,
+    pub occurred_at: DateTime<Utc>,
+}
+
+async fn get_order(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Path(order_id): Path<String>,
+) -> Result<Json<OrderView>, Error> {
+    let order_id: i64 = order_id.parse().map_err(|_| Error::NotFound)?;
+    let mut tx = TenantTx::begin(&pool, tenant).await?;
+    let view = find(&mut tx, order_id).await?.ok_or(Error::NotFound)?;
+    tx.commit().await?;
+    Ok(Json(view))
+}
+
+/// The view and its timeline (oldest first), if any event of the order arrived.
+pub async fn find(conn: &mut PgConnection, order_id: i64) -> Result<Option<OrderView>, Error> {
+    let Some(mut view) = sqlx::query_as::<_, OrderView>(
+        "SELECT order_id, status, total_cents, currency, payment_status, reservation_status, refunded_cents
+         FROM order_views WHERE order_id = $1",
+    )
+    .bind(order_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    view.events = sqlx::query_as(
+        "SELECT event_type, source, occurred_at FROM order_view_events WHERE order_id = $1 ORDER BY occurred_at, source, message_id",
+    )
+    .bind(order_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Some(view))
+}

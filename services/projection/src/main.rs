@@ -1,0 +1,14 @@
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    reliability::service::init_tracing();
+    let settings = projection::Settings::parse();
+    if !settings.rebuild_from.is_empty() {
+        let report = projection::rebuild_from(&settings).await?;
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    let app = projection::Application::build(settings, reliability::shutdown::token()).await?;
+    app.run_until_stopped().await
+}

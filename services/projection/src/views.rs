@@ -1,0 +1,110 @@
+//! The order view, built from events alone. Each event is stored per order;
+//! the view is then recomputed from the whole set, so it is the same
+//! whatever order the events came in, and a rebuild lands on the same view.
+
+use contracts::{event, source};
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::outbox::Envelope;
+use reliability::{TenantTx, service::CommonSettings};
+
+pub const CONSUMER: &str = "projection.views";
+
+/// Every order event of the three sources.
+pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
+    let keys = [
+        format!("{}.*", source::ORDERS),
+        format!("{}.{}", source::INVENTORY, event::INVENTORY_RESERVED),
+        format!("{}.{}", source::INVENTORY, event::INVENTORY_REJECTED),
+        format!("{}.*", source::PAYMENTS),
+    ];
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut config = ConsumerConfig::new(CONSUMER, &common.exchange, &keys);
+    config.fail_points = common.fail_points()?;
+    Ok(config)
+}
+
+pub struct Views;
+
+/// Event types that belong to an order's view.
+const ORDER_EVENTS: [&str; 8] = [
+    event::ORDER_PLACED,
+    event::ORDER_CONFIRMED,
+    event::ORDER_CANCELLED,
+    event::INVENTORY_RESERVED,
+    event::INVENTORY_REJECTED,
+    event::PAYMENT_CAPTURED,
+    event::PAYMENT_FAILED,
+    event::REFUND_ISSUED,
+];
+
+impl Handler for Views {
+    async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        if !ORDER_EVENTS.contains(&e.event_type.as_str()) {
+            return Ok(());
+        }
+        if e.event_version != 1 {
+            return Err(HandlerError::Permanent(format!(
+                "unknown version {} of {}",
+                e.event_version, e.event_type
+            )));
+        }
+        let order_id = e.payload["order_id"].as_i64().ok_or_else(|| {
+            HandlerError::Permanent(format!("{} without an order_id", e.event_type))
+        })?;
+        let tenant = tx.tenant().get();
+        sqlx::query(
+            "INSERT INTO order_view_events (tenant_id, order_id, source, message_id, event_type, occurred_at, payload)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(order_id)
+        .bind(&e.source)
+        .bind(e.id)
+        .bind(&e.event_type)
+        .bind(e.occurred_at)
+        .bind(&e.payload)
+        .execute(&mut **tx)
+        .await?;
+        recompute(tx, order_id).await?;
+        Ok(())
+    }
+}
+
+/// The view as a function of the set of events: terminal states win, a
+/// reservation is committed or released by the order's outcome.
+async fn recompute(tx: &mut TenantTx, order_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH e AS (SELECT event_type, payload FROM order_view_events WHERE order_id = $2),
+              has AS (SELECT bool_or(event_type = 'OrderConfirmed') AS confirmed,
+                             bool_or(event_type = 'OrderCancelled') AS cancelled,
+                             bool_or(event_type = 'InventoryReserved') AS reserved,
+                             bool_or(event_type = 'InventoryRejected') AS rejected,
+                             bool_or(event_type = 'PaymentCaptured') AS captured,
+                             bool_or(event_type = 'PaymentFailed') AS failed,
+                             max((payload->>'total_cents')::bigint) FILTER (WHERE event_type = 'OrderPlaced') AS total,
+                             max(payload->>'currency') FILTER (WHERE event_type = 'OrderPlaced') AS currency,
+                             coalesce(sum((payload->>'amount_cents')::bigint) FILTER (WHERE event_type = 'RefundIssued'), 0) AS refunded
+                      FROM e)
+         INSERT INTO order_views (tenant_id, order_id, status, total_cents, currency, payment_status, reservation_status, refunded_cents)
+         SELECT $1, $2,
+                CASE WHEN confirmed THEN 'confirmed' WHEN cancelled THEN 'cancelled' ELSE 'pending' END,
+                total, currency,
+                CASE WHEN captured THEN 'captured' WHEN failed THEN 'failed' WHEN reserved THEN 'pending' ELSE 'none' END,
+                CASE WHEN rejected THEN 'rejected'
+                     WHEN reserved AND confirmed THEN 'committed'
+                     WHEN reserved AND cancelled THEN 'released'
+                     WHEN reserved THEN 'reserved'
+                     ELSE 'pending' END,
+                refunded
+         FROM has
+         ON CONFLICT (tenant_id, order_id) DO UPDATE SET
+             status = EXCLUDED.status, total_cents = EXCLUDED.total_cents, currency = EXCLUDED.currency,
+             payment_status = EXCLUDED.payment_status, reservation_status = EXCLUDED.reservation_status,
+             refunded_cents = EXCLUDED.refunded_cents, updated_at = now()",
+    )
+    .bind(tx.tenant().get())
+    .bind(order_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
