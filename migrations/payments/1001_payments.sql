@@ -36,6 +36,8 @@ CREATE TABLE refunds (
     attempts           integer     NOT NULL DEFAULT 0,
     next_attempt_at    timestamptz NOT NULL DEFAULT now(),
     last_error         text,
+    -- The trace of the refund request, continued by the worker's event.
+    traceparent        text,
     created_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, refund_id),

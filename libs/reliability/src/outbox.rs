@@ -82,7 +82,7 @@ pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
 
 /// The message body on the wire. `(source, id)` identifies a message across
 /// the system: consumers deduplicate on it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Envelope {
     pub id: i64,
     pub source: String,
@@ -126,8 +126,9 @@ pub async fn history(
     after: i64,
     limit: i64,
 ) -> Result<Vec<Envelope>> {
-    let rows: Vec<(i64, i64, String, String, String, i32, DateTime<Utc>, Value)> = sqlx::query_as(
-        "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+    Ok(sqlx::query_as(
+        "SELECT id, $3::text AS source, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                occurred_at, payload
          FROM (SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
                FROM outbox_messages WHERE id > $1
                UNION ALL
@@ -137,31 +138,7 @@ pub async fn history(
     )
     .bind(after)
     .bind(limit)
+    .bind(source)
     .fetch_all(owner)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(
-                id,
-                tenant_id,
-                aggregate_type,
-                aggregate_id,
-                event_type,
-                event_version,
-                occurred_at,
-                payload,
-            )| Envelope {
-                id,
-                source: source.to_owned(),
-                tenant_id,
-                aggregate_type,
-                aggregate_id,
-                event_type,
-                event_version,
-                occurred_at,
-                payload,
-            },
-        )
-        .collect())
+    .await?)
 }

@@ -32,7 +32,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::auth::JwtKeys;
-use crate::consumer::{Consumer, Handler};
+use crate::consumer::{Consumer, ConsumerConfig, Handler};
 use crate::failpoint::FailPoints;
 use crate::http::ApiError;
 use crate::idempotency::IdempotencyConfig;
@@ -104,6 +104,10 @@ pub struct CommonSettings {
     /// Crash points for tests, e.g. `relay.after_confirm=abort` (see `failpoint`).
     #[arg(long, env = "RELIABILITY_FAILPOINTS", default_value = "")]
     pub fail_points: String,
+    /// Prefix of every consumer queue name (tests and side-by-side stacks
+    /// on one broker keep theirs apart with it).
+    #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
+    pub queue_prefix: String,
     /// Address the HTTP server binds (0.0.0.0 in containers).
     #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
     pub bind_address: String,
@@ -120,6 +124,7 @@ impl CommonSettings {
             relay_database_url: None,
             owner_database_url: None,
             fail_points: String::new(),
+            queue_prefix: String::new(),
             bind_address: "127.0.0.1".into(),
         }
     }
@@ -130,6 +135,16 @@ impl CommonSettings {
 
     pub fn fail_points(&self) -> Result<FailPoints> {
         FailPoints::parse(&self.fail_points)
+    }
+
+    /// A consumer named `name` on the events exchange, bound to `bindings`,
+    /// its queue prefixed and its fail points armed from these settings.
+    pub fn consumer_config(&self, name: &str, bindings: &[String]) -> Result<ConsumerConfig> {
+        let keys: Vec<&str> = bindings.iter().map(String::as_str).collect();
+        let mut config = ConsumerConfig::new(name, &self.exchange, &keys);
+        config.queue.queue = format!("{}{name}", self.queue_prefix);
+        config.fail_points = self.fail_points()?;
+        Ok(config)
     }
 }
 

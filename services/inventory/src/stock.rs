@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use contracts::{aggregate, event, source};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::{self, Envelope, NewEvent};
+use reliability::outbox::{self, Envelope, NewEvent, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = "inventory.stock";
@@ -19,12 +19,9 @@ pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerC
         event::ORDER_CANCELLED,
     ]
     .iter()
-    .map(|e| format!("{}.{e}", source::ORDERS))
+    .map(|e| routing_key(source::ORDERS, e))
     .collect();
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut config = ConsumerConfig::new(CONSUMER, &common.exchange, &keys);
-    config.fail_points = common.fail_points()?;
-    Ok(config)
+    common.consumer_config(CONSUMER, &keys)
 }
 
 pub struct Stock;

@@ -5,19 +5,20 @@
 
 use contracts::{aggregate, event, source};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::{self, Envelope, NewEvent};
+use reliability::outbox::{self, Envelope, NewEvent, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = "orders.saga";
 
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    let rejected = format!("{}.{}", source::INVENTORY, event::INVENTORY_REJECTED);
-    let captured = format!("{}.{}", source::PAYMENTS, event::PAYMENT_CAPTURED);
-    let failed = format!("{}.{}", source::PAYMENTS, event::PAYMENT_FAILED);
-    let mut config =
-        ConsumerConfig::new(CONSUMER, &common.exchange, &[&rejected, &captured, &failed]);
-    config.fail_points = common.fail_points()?;
-    Ok(config)
+    common.consumer_config(
+        CONSUMER,
+        &[
+            routing_key(source::INVENTORY, event::INVENTORY_REJECTED),
+            routing_key(source::PAYMENTS, event::PAYMENT_CAPTURED),
+            routing_key(source::PAYMENTS, event::PAYMENT_FAILED),
+        ],
+    )
 }
 
 pub struct Saga;

@@ -3,16 +3,16 @@
 
 use contracts::{event, source};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::Envelope;
+use reliability::outbox::{Envelope, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = "payments.charges";
 
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    let reserved = format!("{}.{}", source::INVENTORY, event::INVENTORY_RESERVED);
-    let mut config = ConsumerConfig::new(CONSUMER, &common.exchange, &[&reserved]);
-    config.fail_points = common.fail_points()?;
-    Ok(config)
+    common.consumer_config(
+        CONSUMER,
+        &[routing_key(source::INVENTORY, event::INVENTORY_RESERVED)],
+    )
 }
 
 pub struct Charges;

@@ -128,12 +128,13 @@ async fn reserve_refund(
         });
     }
     Ok(sqlx::query_as(
-        "INSERT INTO refunds (tenant_id, payment_id, amount_cents) VALUES ($1, $2, $3)
+        "INSERT INTO refunds (tenant_id, payment_id, amount_cents, traceparent) VALUES ($1, $2, $3, $4)
          RETURNING refund_id, payment_id, amount_cents, status",
     )
     .bind(tx.tenant().get())
     .bind(payment_id)
     .bind(amount)
+    .bind(reliability::trace::current().map(|t| t.to_header()))
     .fetch_one(&mut **tx)
     .await?)
 }

@@ -144,6 +144,7 @@ struct LeasedRefund {
     amount_cents: i64,
     provider_charge_id: Option<String>,
     attempts: i32,
+    traceparent: Option<String>,
 }
 
 impl Worker {
@@ -324,7 +325,7 @@ impl Worker {
             "UPDATE refunds r SET attempts = r.attempts + 1, next_attempt_at = now() + make_interval(secs => $2), updated_at = now()
              FROM payments p
              WHERE r.refund_id = $1 AND r.status = 'pending' AND r.next_attempt_at <= now() AND p.payment_id = r.payment_id
-             RETURNING r.payment_id, p.order_id, r.amount_cents, p.provider_charge_id, r.attempts",
+             RETURNING r.payment_id, p.order_id, r.amount_cents, p.provider_charge_id, r.attempts, r.traceparent",
         )
         .bind(refund_id)
         .bind(self.config.lease.as_secs_f64())
@@ -332,7 +333,15 @@ impl Worker {
         .await?;
         tx.commit().await?;
         let Some(r) = leased else { return Ok(()) };
+        let ctx = r
+            .traceparent
+            .as_deref()
+            .and_then(TraceContext::parse)
+            .map_or_else(TraceContext::root, |t| t.child());
+        trace::scope(ctx, self.refund_leased(tenant, refund_id, r)).await
+    }
 
+    async fn refund_leased(&self, tenant: TenantId, refund_id: i64, r: LeasedRefund) -> Result<()> {
         let key = format!("refund-{tenant}-{refund_id}");
         let body = json!({"charge_id": r.provider_charge_id, "amount_cents": r.amount_cents});
         let reply: Reply<RefundReply> = self.psp.post("/refunds", &key, body).await;

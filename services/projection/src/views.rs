@@ -4,23 +4,22 @@
 
 use contracts::{event, source};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::Envelope;
+use reliability::outbox::{Envelope, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = "projection.views";
 
 /// Every order event of the three sources.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    let keys = [
-        format!("{}.*", source::ORDERS),
-        format!("{}.{}", source::INVENTORY, event::INVENTORY_RESERVED),
-        format!("{}.{}", source::INVENTORY, event::INVENTORY_REJECTED),
-        format!("{}.*", source::PAYMENTS),
-    ];
-    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut config = ConsumerConfig::new(CONSUMER, &common.exchange, &keys);
-    config.fail_points = common.fail_points()?;
-    Ok(config)
+    common.consumer_config(
+        CONSUMER,
+        &[
+            routing_key(source::ORDERS, "*"),
+            routing_key(source::INVENTORY, event::INVENTORY_RESERVED),
+            routing_key(source::INVENTORY, event::INVENTORY_REJECTED),
+            routing_key(source::PAYMENTS, "*"),
+        ],
+    )
 }
 
 pub struct Views;

@@ -1,0 +1,195 @@
+//! The whole system in one process, for tests that follow an order across
+//! every service: the four services (all roles) and the provider simulator,
+//! each service on a database of its own, all on one exchange of their own
+//! on the real broker.
+
+use std::time::Duration;
+
+use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::testing::{ApiClient, TestDb, unique, wait_until};
+use serde_json::{Value, json};
+
+pub struct Stack {
+    pub orders: ApiClient,
+    pub inventory: ApiClient,
+    pub payments: ApiClient,
+    pub projection: ApiClient,
+    pub psp: psp_sim::Simulator,
+    pub dbs: Dbs,
+    pub common: CommonSettings,
+    stop: ShutdownToken,
+}
+
+pub struct Dbs {
+    pub orders: TestDb,
+    pub inventory: TestDb,
+    pub payments: TestDb,
+    pub projection: TestDb,
+}
+
+impl Stack {
+    pub async fn start() -> anyhow::Result<Self> {
+        let stop = ShutdownToken::new();
+        let mut common = CommonSettings::local();
+        common.exchange = unique("reltest.stack.");
+        common.queue_prefix = format!("{}.", common.exchange);
+        let jwt = common.jwt_keys();
+        let dbs = Dbs {
+            orders: TestDb::with_migrations(&orders::MIGRATIONS).await,
+            inventory: TestDb::with_migrations(&inventory::MIGRATIONS).await,
+            payments: TestDb::with_migrations(&payments::MIGRATIONS).await,
+            projection: TestDb::with_migrations(&projection::MIGRATIONS).await,
+        };
+
+        let sim = psp_sim::Application::build(psp_sim::Settings { port: 0 }).await?;
+        let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
+        tokio::spawn(sim.run_until_stopped(stop.clone()));
+
+        let o = orders::Application::build_with(
+            orders::Settings {
+                role: Role::All,
+                port: 0,
+                database_url: String::new(),
+                common: common.clone(),
+            },
+            dbs.orders.databases(),
+            stop.clone(),
+        )
+        .await?;
+        let i = inventory::Application::build_with(
+            inventory::Settings {
+                role: Role::All,
+                port: 0,
+                database_url: String::new(),
+                common: common.clone(),
+            },
+            dbs.inventory.databases(),
+            stop.clone(),
+        )
+        .await?;
+        let p = payments::Application::build_with(
+            payments::Settings {
+                role: Role::All,
+                port: 0,
+                database_url: String::new(),
+                psp_url,
+                psp_timeout_ms: 1000,
+                psp_lease_secs: 5,
+                common: common.clone(),
+            },
+            dbs.payments.databases(),
+            stop.clone(),
+        )
+        .await?;
+        let v = projection::Application::build_with(
+            projection::Settings {
+                role: Role::All,
+                port: 0,
+                database_url: String::new(),
+                rebuild_from: vec![],
+                common: common.clone(),
+            },
+            dbs.projection.databases(),
+            stop.clone(),
+        )
+        .await?;
+        let stack = Self {
+            orders: ApiClient::new(o.port(), jwt.clone()),
+            inventory: ApiClient::new(i.port(), jwt.clone()),
+            payments: ApiClient::new(p.port(), jwt.clone()),
+            projection: ApiClient::new(v.port(), jwt),
+            psp,
+            dbs,
+            common,
+            stop,
+        };
+        tokio::spawn(o.run_until_stopped());
+        tokio::spawn(i.run_until_stopped());
+        tokio::spawn(p.run_until_stopped());
+        tokio::spawn(v.run_until_stopped());
+        stack.wait_until_consuming().await;
+        Ok(stack)
+    }
+
+    /// Every consumer has declared and bound its queue (so no event is
+    /// published before a queue can take it).
+    async fn wait_until_consuming(&self) {
+        let conn = reliability::broker::connect(&reliability::testing::amqp_url(), "e2e")
+            .await
+            .expect("broker");
+        for name in [
+            "orders.saga",
+            "inventory.stock",
+            "payments.charges",
+            "projection.views",
+        ] {
+            let queue = format!("{}{name}", self.common.queue_prefix);
+            wait_until(
+                Duration::from_secs(20),
+                &format!("queue {queue} declared"),
+                || async {
+                    // A failed passive declare closes its channel: probe on a fresh one.
+                    let Ok(probe) = conn.create_channel().await else {
+                        return false;
+                    };
+                    reliability::broker::queue_depth(&probe, &queue)
+                        .await
+                        .is_ok()
+                },
+            )
+            .await;
+        }
+    }
+
+    pub async fn stock(&self, tenant: i64, sku: &str, units: i64) {
+        let body = json!({"sku": sku, "delta": units, "reason": "restock"}).to_string();
+        let (status, _, body) = self
+            .inventory
+            .post(tenant, "/stock/adjustments", &unique("adj-"), &body)
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    /// Places an order of `quantity` × `sku` at 1250 each; returns its id.
+    pub async fn order(&self, tenant: i64, customer: &str, sku: &str, quantity: i64) -> i64 {
+        let body = json!({"customer_id": customer, "currency": "EUR",
+                          "lines": [{"sku": sku, "quantity": quantity, "unit_price_cents": 1250}]})
+        .to_string();
+        let (status, _, body) = self
+            .orders
+            .post(tenant, "/orders", &unique("order-"), &body)
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["order_id"].as_i64().expect("order id")
+    }
+
+    /// Waits until the order is confirmed or cancelled in orders AND the
+    /// projection agrees; returns the projection's view.
+    pub async fn settled(&self, tenant: i64, order_id: i64) -> Value {
+        let path = format!("/orders/{order_id}");
+        wait_until(
+            Duration::from_secs(30),
+            &format!("order {order_id} settled everywhere"),
+            || async {
+                let (_, order) = self.orders.get(tenant, &path).await;
+                let (_, view) = self.projection.get(tenant, &path).await;
+                let done = |s: &Value| s == "confirmed" || s == "cancelled";
+                done(&order["status"]) && view["status"] == order["status"]
+            },
+        )
+        .await;
+        self.projection.get(tenant, &path).await.1
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for db in [
+            self.dbs.orders,
+            self.dbs.inventory,
+            self.dbs.payments,
+            self.dbs.projection,
+        ] {
+            db.cleanup().await;
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Orders travel through inventory and payments to `confirmed` or
+//! `cancelled`, with the projection following, all four services running
+//! their relays and consumers against the real broker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::Stack;
+use reliability::testing::wait_until;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_refunded_once() {
+    let stack = Stack::start().await.unwrap();
+    stack.stock(1, "SKU-1", 10).await;
+    let order_id = stack.order(1, "c-1", "SKU-1", 2).await;
+
+    let view = stack.settled(1, order_id).await;
+    assert_eq!(view["status"], "confirmed", "{view}");
+    assert_eq!(
+        (
+            view["payment_status"].as_str(),
+            view["reservation_status"].as_str()
+        ),
+        (Some("captured"), Some("committed"))
+    );
+    wait_until(Duration::from_secs(20), "stock committed", || async {
+        stack.inventory.get(1, "/products/SKU-1").await.1
+            == json!({"sku": "SKU-1", "on_hand": 8, "reserved": 0, "available": 8})
+    })
+    .await;
+    assert_eq!(stack.psp.total_charges(), 1);
+    let (_, payments) = stack
+        .payments
+        .get(1, &format!("/payments?order_id={order_id}"))
+        .await;
+    assert_eq!(payments[0]["status"], "captured");
+    assert_eq!(payments[0]["amount_cents"], 2500);
+
+    // The same refund request retried three times: one refund.
+    let body = json!({"payment_id": payments[0]["payment_id"], "amount_cents": 500}).to_string();
+    for _ in 0..3 {
+        let (status, _, refund) = stack
+            .payments
+            .post(1, "/refunds", "refund-once", &body)
+            .await;
+        assert_eq!(status, 201, "{refund}");
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "refund seen by the projection",
+        || async {
+            stack
+                .projection
+                .get(1, &format!("/orders/{order_id}"))
+                .await
+                .1["refunded_cents"]
+                == 500
+        },
+    )
+    .await;
+    assert_eq!(stack.psp.total_refunds(), 1);
+
+    // The order's path is one trace: every event the order caused carries its
+    // trace id (the refund, a request of its own, has its own trace).
+    let traces: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT headers->>'traceparent' FROM outbox_messages WHERE aggregate_id = $1",
+    )
+    .bind(order_id.to_string())
+    .fetch_all(&stack.dbs.orders.owner)
+    .await
+    .unwrap();
+    let trace_id = |t: &Option<String>| {
+        t.as_deref()
+            .and_then(|t| t.split('-').nth(1))
+            .map(str::to_owned)
+    };
+    let first = trace_id(&traces[0]).expect("OrderPlaced carries a traceparent");
+    for other in [&stack.dbs.inventory, &stack.dbs.payments] {
+        let theirs: Vec<Option<String>> = sqlx::query_scalar("SELECT headers->>'traceparent' FROM outbox_messages WHERE payload->>'order_id' = $1 AND event_type <> 'RefundIssued'",
+        )
+            .bind(order_id.to_string())
+            .fetch_all(&other.owner)
+            .await
+            .unwrap();
+        assert!(!theirs.is_empty());
+        assert!(
+            theirs
+                .iter()
+                .all(|t| trace_id(t).as_deref() == Some(first.as_str())),
+            "{theirs:?} vs {first}"
+        );
+    }
+
+    let refund_trace: Option<String> = sqlx::query_scalar(
+        "SELECT headers->>'traceparent' FROM outbox_messages WHERE event_type = 'RefundIssued'",
+    )
+    .fetch_one(&stack.dbs.payments.owner)
+    .await
+    .unwrap();
+    assert!(
+        trace_id(&refund_trace).is_some_and(|t| t != first),
+        "the refund continues its request's trace"
+    );
+
+    // The projection, rebuilt from the sources' history, ends with the same view.
+    let before = stack
+        .projection
+        .get(1, &format!("/orders/{order_id}"))
+        .await
+        .1;
+    let sources = vec![
+        ("orders".to_owned(), stack.dbs.orders.owner.clone()),
+        ("inventory".to_owned(), stack.dbs.inventory.owner.clone()),
+        ("payments".to_owned(), stack.dbs.payments.owner.clone()),
+    ];
+    let report = projection::rebuild::rebuild(&stack.dbs.projection.databases(), &sources)
+        .await
+        .unwrap();
+    assert!(report.replayed.iter().all(|(_, n)| *n > 0), "{report:?}");
+    let after = stack
+        .projection
+        .get(1, &format!("/orders/{order_id}"))
+        .await
+        .1;
+    assert_eq!(after, before);
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn out_of_stock_and_declined_orders_are_cancelled_without_a_charge_and_release_their_stock() {
+    let stack = Stack::start().await.unwrap();
+    stack.stock(1, "SKU-2", 5).await;
+    let too_many = stack.order(1, "c-1", "SKU-2", 6).await;
+    let unknown = stack.order(1, "c-1", "NO-SUCH-SKU", 1).await;
+    let declined = stack.order(1, "decline-1", "SKU-2", 3).await;
+
+    let view = stack.settled(1, too_many).await;
+    assert_eq!(
+        (view["status"].as_str(), view["reservation_status"].as_str()),
+        (Some("cancelled"), Some("rejected"))
+    );
+    let (_, order) = stack.orders.get(1, &format!("/orders/{too_many}")).await;
+    assert_eq!(
+        order["cancel_reason"],
+        "inventory_rejected: insufficient_stock: SKU-2"
+    );
+    assert_eq!(stack.settled(1, unknown).await["status"], "cancelled");
+
+    let view = stack.settled(1, declined).await;
+    assert_eq!(
+        (
+            view["status"].as_str(),
+            view["payment_status"].as_str(),
+            view["reservation_status"].as_str()
+        ),
+        (Some("cancelled"), Some("failed"), Some("released"))
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "declined order's reservation released",
+        || async {
+            stack.inventory.get(1, "/products/SKU-2").await.1
+                == json!({"sku": "SKU-2", "on_hand": 5, "reserved": 0, "available": 5})
+        },
+    )
+    .await;
+    assert_eq!(stack.psp.total_charges(), 0);
+    let (_, payments) = stack
+        .payments
+        .get(1, &format!("/payments?order_id={too_many}"))
+        .await;
+    assert_eq!(payments, json!([]), "no payment for an order without stock");
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn twenty_concurrent_orders_for_ten_units_sell_exactly_ten() {
+    let stack = Arc::new(Stack::start().await.unwrap());
+    stack.stock(1, "HOT", 10).await;
+    let ids = futures_util::future::join_all((0..20).map(|i| {
+        let stack = stack.clone();
+        async move { stack.order(1, &format!("c-{i}"), "HOT", 1).await }
+    }))
+    .await;
+    let mut confirmed = 0;
+    for id in &ids {
+        let view = stack.settled(1, *id).await;
+        if view["status"] == "confirmed" {
+            confirmed += 1;
+        }
+    }
+    assert_eq!(confirmed, 10);
+    let (_, product) = stack.inventory.get(1, "/products/HOT").await;
+    assert_eq!(
+        product,
+        json!({"sku": "HOT", "on_hand": 0, "reserved": 0, "available": 0})
+    );
+    assert_eq!(stack.psp.total_charges(), 10);
+    Arc::into_inner(stack).unwrap().stop().await;
+}
