@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,3 +38,21 @@ roles: ## create the commerce_owner / commerce_app / commerce_relay roles
 
 token: ## print a development JWT: make token TENANT=1
 	@cargo run --quiet --locked --bin reliability -- token --tenant $(or $(TENANT),1)
+
+up: ## start the whole stack natively (local PostgreSQL and RabbitMQ); safe to run twice
+	scripts/stack.sh up
+
+down: ## stop exactly what `make up` started
+	scripts/stack.sh down
+
+logs: ## follow the stack's logs
+	scripts/stack.sh logs
+
+status: ## show which services of the stack run
+	scripts/stack.sh status
+
+demo: ## place a few orders on the running stack and show how each ends
+	scripts/demo.sh
+
+deps: ## install the servers and tools on Debian (needs root)
+	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl

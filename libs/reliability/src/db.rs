@@ -30,10 +30,17 @@ pub fn migrator_with(service: &Migrator) -> Migrator {
 }
 
 /// Runs the reliability migrations and then `service`'s, as the owner role.
+/// Without a service (`reliability setup`), versions a service applied
+/// already are expected and left alone.
 pub async fn migrate(owner_pool: &PgPool, service: Option<&Migrator>) -> Result<()> {
     match service {
         Some(m) => migrator_with(m).run(owner_pool).await?,
-        None => RELIABILITY_MIGRATIONS.run(owner_pool).await?,
+        None => {
+            let mut reliability_only =
+                Migrator::with_migrations(RELIABILITY_MIGRATIONS.iter().cloned().collect());
+            reliability_only.set_ignore_missing(true);
+            reliability_only.run(owner_pool).await?;
+        }
     }
     Ok(())
 }

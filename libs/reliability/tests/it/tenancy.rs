@@ -3,8 +3,8 @@
 
 use reliability::TenantTx;
 use reliability::testing::TestDb;
-use sqlx::Executor;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, SqlSafeStr};
 
 use crate::support::{enqueue_added, tenant};
 
@@ -183,5 +183,24 @@ async fn the_relay_role_reads_every_tenants_outbox_and_nothing_else() {
             "{table}: {err}"
         );
     }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn setup_migrations_run_again_on_a_database_a_service_has_migrated() {
+    let mut service =
+        sqlx::migrate::Migrator::with_migrations(vec![sqlx::migrate::Migration::new(
+            1001,
+            "service table".into(),
+            sqlx::migrate::MigrationType::Simple,
+            sqlx::AssertSqlSafe("CREATE TABLE service_thing (id int)").into_sql_str(),
+            false,
+        )]);
+    service.set_locking(true);
+    let db = TestDb::with_migrations(&service).await;
+    reliability::db::migrate(&db.owner, None).await.unwrap();
+    reliability::db::migrate(&db.owner, Some(&service))
+        .await
+        .unwrap();
     db.cleanup().await;
 }

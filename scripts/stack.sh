@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The local stack, natively: `up` builds and starts every service against the
+# local PostgreSQL and RabbitMQ, `down` stops exactly what `up` started (by
+# recorded pid), `logs` follows the logs, `status` shows what runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUN=.run
+ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
+PG_HOST=${PG_HOST:-127.0.0.1}
+PG_PORT=${PG_PORT:-5432}
+PROFILE=${PROFILE:-debug}
+export AMQP_URL JWT_SECRET=${JWT_SECRET:-dev-secret-change-me}
+export ORDERS_DATABASE_URL=${ORDERS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/orders}
+export INVENTORY_DATABASE_URL=${INVENTORY_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/inventory}
+export PAYMENTS_DATABASE_URL=${PAYMENTS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/payments}
+export PROJECTION_DATABASE_URL=${PROJECTION_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/projection}
+
+# name port
+SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084"
+
+bin() { echo "target/$PROFILE/$1"; }
+
+alive() { # alive NAME: the recorded pid runs our binary
+  local pidfile=$RUN/pids/$1.pid pid
+  [[ -f $pidfile ]] || return 1
+  pid=$(cat "$pidfile")
+  [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "$(bin "$1")"
+}
+
+tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+need_servers() {
+  local missing=0
+  if ! tcp_open "$PG_HOST" "$PG_PORT"; then
+    echo "PostgreSQL is not reachable on $PG_HOST:$PG_PORT." >&2
+    echo "  Debian: sudo apt-get install postgresql && sudo pg_ctlcluster \$(ls /etc/postgresql) main start" >&2
+    missing=1
+  fi
+  local amqp_host_port=${AMQP_URL#*@}; amqp_host_port=${amqp_host_port%%/*}
+  if ! tcp_open "${amqp_host_port%%:*}" "${amqp_host_port##*:}"; then
+    echo "RabbitMQ is not reachable on $amqp_host_port." >&2
+    echo "  Debian: sudo apt-get install rabbitmq-server && sudo rabbitmq-server -detached" >&2
+    missing=1
+  fi
+  if ((missing)); then
+    echo "Or, with Docker: docker compose -f compose/docker-compose.yml up --build" >&2
+    exit 1
+  fi
+}
+
+wait_ready() { # wait_ready NAME PORT
+  local deadline=$((SECONDS + 120))
+  until curl -fsS "http://127.0.0.1:$2/readyz" >/dev/null 2>&1; do
+    if ! alive "$1"; then
+      echo "  $1 exited; last lines of $RUN/logs/$1.log:" >&2
+      tail -n 20 "$RUN/logs/$1.log" >&2
+      exit 1
+    fi
+    if ((SECONDS >= deadline)); then
+      echo "  $1 not ready after 120 s; see $RUN/logs/$1.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+up() {
+  need_servers
+  mkdir -p "$RUN/pids" "$RUN/logs"
+  echo "== building ($PROFILE)"
+  if [[ $PROFILE == release ]]; then cargo build --release --locked --bins; else cargo build --locked --bins; fi
+  echo "== roles and databases"
+  "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" orders inventory payments projection
+  for entry in $SERVICES; do
+    local name=${entry%%:*} port=${entry##*:}
+    if alive "$name"; then
+      echo "== $name already running (pid $(cat "$RUN/pids/$name.pid"))"
+      continue
+    fi
+    echo "== starting $name on :$port"
+    setsid "$(bin "$name")" >>"$RUN/logs/$name.log" 2>&1 </dev/null &
+    echo $! >"$RUN/pids/$name.pid"
+  done
+  for entry in $SERVICES; do
+    wait_ready "${entry%%:*}" "${entry##*:}"
+    echo "   ${entry%%:*} ready"
+  done
+  local token
+  token=$("$(bin reliability)" token --tenant 1)
+  cat <<MSG
+
+The stack is up.
+  orders      http://127.0.0.1:8081   (POST /orders, GET /orders/{id})
+  inventory   http://127.0.0.1:8082   (POST /stock/adjustments, GET /products/{sku})
+  payments    http://127.0.0.1:8083   (GET /payments?order_id=, POST /refunds)
+  projection  http://127.0.0.1:8084   (GET /orders/{id})
+  psp-sim     http://127.0.0.1:8090   (GET /control/charges)
+  metrics     http://127.0.0.1:808{1,2,3,4}/metrics
+  logs        make logs   ($RUN/logs/)
+
+A token for tenant 1 (make token TENANT=n for others):
+  export TOKEN=$token
+
+Next: make demo    (or follow the walk-through in README.md)
+Stop: make down
+MSG
+}
+
+down() {
+  local any=0
+  for entry in $SERVICES; do
+    local name=${entry%%:*} pidfile=$RUN/pids/${entry%%:*}.pid
+    if alive "$name"; then
+      local pid; pid=$(cat "$pidfile")
+      kill -TERM "$pid"
+      for _ in $(seq 1 100); do alive "$name" || break; sleep 0.1; done
+      if alive "$name"; then kill -KILL "$pid"; fi
+      echo "stopped $name (pid $pid)"
+      any=1
+    fi
+    rm -f "$pidfile"
+  done
+  ((any)) || echo "nothing was running"
+}
+
+status() {
+  for entry in $SERVICES; do
+    local name=${entry%%:*}
+    if alive "$name"; then echo "$name: running (pid $(cat "$RUN/pids/$name.pid"))"; else echo "$name: stopped"; fi
+  done
+}
+
+logs() {
+  mkdir -p "$RUN/logs"
+  tail -n 20 -F "$RUN"/logs/*.log
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  logs) logs ;;
+  *) echo "usage: $0 up|down|status|logs" >&2; exit 2 ;;
+esac
