@@ -14,6 +14,9 @@ use sqlx::postgres::PgConnectOptions;
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Print JSON lines instead of text.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +81,32 @@ enum Command {
         #[arg(long, default_value_t = usize::MAX)]
         limit: usize,
     },
+    /// Consumer progress per source and tenant.
+    Offsets {
+        #[arg(long, env = "OWNER_DATABASE_URL")]
+        database_url: String,
+        #[arg(long)]
+        consumer: Option<String>,
+    },
+    /// Forget a consumer's offsets (and with --forget-processed its dedup
+    /// records, so a replay applies everything again).
+    OffsetsReset {
+        #[arg(long, env = "OWNER_DATABASE_URL")]
+        database_url: String,
+        #[arg(long)]
+        consumer: String,
+        #[arg(long)]
+        forget_processed: bool,
+    },
+    /// What a tenant's Idempotency-Key stored (every scope).
+    IdempotencyKey {
+        #[arg(long, env = "OWNER_DATABASE_URL")]
+        database_url: String,
+        #[arg(long)]
+        tenant: i64,
+        #[arg(long)]
+        key: String,
+    },
     /// Run archival, partition upkeep and key cleanup once.
     Maintenance {
         #[arg(long, env = "OWNER_DATABASE_URL")]
@@ -99,7 +128,9 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let json = cli.json;
+    match cli.command {
         Command::Setup {
             admin_url,
             databases,
@@ -126,19 +157,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::OutboxStatus { database_url } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            println!(
-                "{}",
-                serde_json::to_string(&relay::outbox_status(&pool).await?)?
-            );
+            print(json, &[relay::outbox_status(&pool).await?])?;
         }
         Command::OutboxDlqList {
             database_url,
             limit,
         } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
-            for row in relay::list_dlq(&pool, limit).await? {
-                println!("{}", serde_json::to_string(&row)?);
-            }
+            print(json, &relay::list_dlq(&pool, limit).await?)?;
         }
         Command::OutboxDlqRedrive { database_url, ids } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
@@ -152,9 +178,10 @@ async fn main() -> anyhow::Result<()> {
             limit,
         } => {
             let conn = broker::connect(&amqp_url, "reliability-cli").await?;
-            for letter in broker::peek_dead_letters(&conn, &queue, limit).await? {
-                println!("{}", serde_json::to_string(&letter)?);
-            }
+            print(
+                json,
+                &broker::peek_dead_letters(&conn, &queue, limit).await?,
+            )?;
         }
         Command::DlqRedrive {
             amqp_url,
@@ -169,7 +196,42 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
             let report =
                 maintenance::run_once(&pool, &maintenance::MaintenanceConfig::default()).await?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            print(json, &[report])?;
+        }
+        Command::Offsets {
+            database_url,
+            consumer,
+        } => {
+            let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
+            print(
+                json,
+                &reliability::consumer::offsets(&pool, consumer.as_deref()).await?,
+            )?;
+        }
+        Command::OffsetsReset {
+            database_url,
+            consumer,
+            forget_processed,
+        } => {
+            let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
+            let (offsets, processed) =
+                reliability::consumer::reset_offsets(&pool, &consumer, forget_processed).await?;
+            println!("{consumer}: {offsets} offset row(s) and {processed} dedup record(s) deleted");
+        }
+        Command::IdempotencyKey {
+            database_url,
+            tenant,
+            key,
+        } => {
+            let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
+            let records =
+                reliability::idempotency::lookup(&pool, TenantId::new(tenant)?, &key).await?;
+            if records.is_empty() && !json {
+                println!(
+                    "no record of key {key:?} for tenant {tenant} (never used, or expired and cleaned up)"
+                );
+            }
+            print(json, &records)?;
         }
         Command::Token {
             secret,
@@ -182,6 +244,36 @@ async fn main() -> anyhow::Result<()> {
                 JwtKeys::from_secret(secret.as_bytes()).mint(tenant, Duration::from_secs(ttl_secs))
             );
         }
+    }
+    Ok(())
+}
+
+/// Rows as JSON lines, or as `field: value` blocks for a person.
+fn print<T: serde::Serialize>(json: bool, rows: &[T]) -> anyhow::Result<()> {
+    for row in rows {
+        let value = serde_json::to_value(row)?;
+        if json {
+            println!("{value}");
+            continue;
+        }
+        match value {
+            serde_json::Value::Object(fields) => {
+                let width = fields.keys().map(String::len).max().unwrap_or(0);
+                for (k, v) in fields {
+                    let v = match v {
+                        serde_json::Value::String(s) => s,
+                        serde_json::Value::Null => "-".to_owned(),
+                        other => other.to_string(),
+                    };
+                    println!("{k:>width$}  {v}");
+                }
+                println!();
+            }
+            other => println!("{other}"),
+        }
+    }
+    if rows.is_empty() && !json {
+        println!("(none)");
     }
     Ok(())
 }
