@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -56,3 +56,7 @@ demo: ## place a few orders on the running stack and show how each ends
 
 deps: ## install the servers and tools on Debian (needs root)
 	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl
+
+check-compose: ## validate the compose stack (docker compose config where available)
+	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi
+	python3 compose/check.py

@@ -2,7 +2,7 @@
 //!
 //! Metrics this crate records (labels in braces):
 //! - relay: `outbox_lag_seconds{source}`, `outbox_throughput{source}`,
-//!   `outbox_failures{source,event_type}`, `outbox_dlq_depth{source}`;
+//!   `outbox_failures{source,event_type}`, `outbox_dlq_depth{source}`, `outbox_max_attempts{source}`;
 //! - consumers: `consumer_messages_total{consumer,outcome}`,
 //!   `consumer_dead_lettered_total{consumer,reason}`, `consumer_retries_total{consumer}`,
 //!   `consumer_dlq_depth{consumer}`;

@@ -270,16 +270,19 @@ impl Relay {
         }
     }
 
-    /// `outbox_lag_seconds` (age of the oldest pending row) and `outbox_dlq_depth`.
+    /// `outbox_lag_seconds` (age of the oldest pending row), `outbox_dlq_depth`
+    /// and `outbox_max_attempts` (most failures of a row still pending).
     pub async fn update_gauges(&self) -> Result<()> {
-        let (lag, dlq): (f64, i64) = sqlx::query_as(
+        let (lag, dlq, attempts): (f64, i64, i32) = sqlx::query_as(
             "SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - occurred_at)::float8
                               FROM outbox_messages WHERE processed_at IS NULL
                               ORDER BY id LIMIT 1), 0),
-                    (SELECT count(*) FROM outbox_messages_dlq)",
+                    (SELECT count(*) FROM outbox_messages_dlq),
+                    COALESCE((SELECT max(attempts) FROM outbox_messages WHERE processed_at IS NULL AND attempts > 0), 0)",
         )
         .fetch_one(&self.pool)
         .await?;
+        metrics::gauge!("outbox_max_attempts", "source" => self.config.source.clone()).set(f64::from(attempts));
         metrics::gauge!("outbox_lag_seconds", "source" => self.config.source.clone()).set(lag);
         metrics::gauge!("outbox_dlq_depth", "source" => self.config.source.clone()).set(dlq as f64);
         Ok(())
