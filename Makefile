@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,3 +60,12 @@ deps: ## install the servers and tools on Debian (needs root)
 check-compose: ## validate the compose stack (docker compose config where available)
 	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi
 	python3 compose/check.py
+
+new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085]
+	scripts/new-service.sh "$(NAME)" $(PORT)
+
+template-check: ## generate a throwaway service, run its tests, remove it (CI)
+	@git diff --quiet -- scripts/stack.sh compose Cargo.lock || { echo "template-check needs a clean scripts/stack.sh, compose/ and Cargo.lock" >&2; exit 1; }
+	scripts/new-service.sh tmplcheck
+	status=0; cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
+	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status

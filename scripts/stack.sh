@@ -22,6 +22,9 @@ SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084"
 
 bin() { echo "target/$PROFILE/$1"; }
 
+# Every service but the simulator has a database of its own name.
+databases() { for entry in $SERVICES; do [[ ${entry%%:*} == psp-sim ]] || echo "${entry%%:*}"; done; }
+
 alive() { # alive NAME: the recorded pid runs our binary
   local pidfile=$RUN/pids/$1.pid pid
   [[ -f $pidfile ]] || return 1
@@ -72,7 +75,8 @@ up() {
   echo "== building ($PROFILE)"
   if [[ $PROFILE == release ]]; then cargo build --release --locked --bins; else cargo build --locked --bins; fi
   echo "== roles and databases"
-  "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" orders inventory payments projection
+  # shellcheck disable=SC2046
+  "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" $(databases)
   for entry in $SERVICES; do
     local name=${entry%%:*} port=${entry##*:}
     if alive "$name"; then

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Creates a service from templates/service: `make new-service NAME=shipping [PORT=8085]`.
+# The crate, its migrations folder, and its entries in `make up`, the compose
+# file and Prometheus. See docs/template.md for what to change next.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "new-service: $*" >&2; exit 1; }
+name=${1:-}
+[[ $name =~ ^[a-z][a-z0-9_]{1,30}$ ]] || die "NAME must be 2 to 31 lower-case letters, digits or _, starting with a letter (got '${name}')"
+[[ ! -e services/$name && ! -e migrations/$name ]] || die "services/$name or migrations/$name exists already"
+used=$(grep -oE '[a-z_-]+:80[0-9]{2}' scripts/stack.sh | cut -d: -f2)
+port=${2:-}
+if [[ -z $port ]]; then
+  port=8085
+  while grep -qx "$port" <<<"$used" || [[ $port == 8090 ]]; do port=$((port + 1)); done
+fi
+! grep -qx "$port" <<<"$used" || die "port $port is taken"
+env=$(tr '[:lower:]' '[:upper:]' <<<"$name")
+
+cp -r templates/service "services/$name"
+mkdir -p "migrations/$name"
+cp templates/migration/1001.sql "migrations/$name/1001_$name.sql"
+grep -rl '__SERVICE__\|__ENV__\|__PORT__' "services/$name" "migrations/$name" \
+  | xargs sed -i "s/__SERVICE__/$name/g; s/__ENV__/$env/g; s/__PORT__/$port/g"
+
+# make up
+sed -i "s/^SERVICES=\"\\(.*\\)\"/SERVICES=\"\\1 $name:$port\"/" scripts/stack.sh
+sed -i "/^export PROJECTION_DATABASE_URL=/a export ${env}_DATABASE_URL=\${${env}_DATABASE_URL:-postgres://\$PG_HOST:\$PG_PORT/$name}" scripts/stack.sh
+# compose: the service, its database in setup, and Prometheus' targets
+python3 - "$name" "$port" "$env" <<'PY'
+import pathlib, sys
+name, port, env = sys.argv[1:]
+compose = pathlib.Path("compose/docker-compose.yml")
+text = compose.read_text()
+block = f"""  {name}:
+    <<: *service
+    command: ["{name}"]
+    environment:
+      <<: *env
+      {env}_DATABASE_URL: postgres://postgres:5432/{name}
+    ports: ["127.0.0.1:{port}:{port}"]
+    healthcheck: {{ test: ["CMD", "curl", "-fsS", "http://localhost:{port}/readyz"], interval: 5s }}
+
+  prometheus:"""
+text = text.replace("  prometheus:", block, 1)
+text = text.replace('"orders", "inventory", "payments", "projection"', f'"orders", "inventory", "payments", "projection", "{name}"', 1)
+compose.write_text(text)
+prom = pathlib.Path("compose/prometheus/prometheus.yml")
+prom.write_text(prom.read_text().replace('"projection:8084"', f'"projection:8084", "{name}:{port}"', 1))
+PY
+# The new workspace member enters Cargo.lock (no dependency changes).
+cargo update --workspace --quiet
+
+cat <<MSG
+Created services/$name (port $port) and migrations/$name.
+  test it:      cargo nextest run -p $name
+  run it:       make up   (it is in the stack now: http://127.0.0.1:$port)
+  next steps:   docs/template.md
+MSG

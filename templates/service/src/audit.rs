@@ -1,0 +1,30 @@
+//! The consumer: records each `ItemCreated` in `item_audit`, exactly once.
+
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::outbox::{Envelope, routing_key};
+use reliability::{TenantTx, service::CommonSettings};
+
+use crate::http::ITEM_CREATED;
+
+pub const CONSUMER: &str = "__SERVICE__.audit";
+
+pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
+    common.consumer_config(CONSUMER, &[routing_key(crate::SOURCE, ITEM_CREATED)])
+}
+
+pub struct Audit;
+
+impl Handler for Audit {
+    async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        if e.event_type != ITEM_CREATED {
+            return Ok(());
+        }
+        let item_id = e.payload["item_id"].as_i64().ok_or_else(|| HandlerError::Permanent("no item_id".into()))?;
+        sqlx::query("INSERT INTO item_audit (tenant_id, item_id) VALUES ($1, $2)")
+            .bind(tx.tenant().get())
+            .bind(item_id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}

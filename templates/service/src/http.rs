@@ -1,0 +1,65 @@
+//! `POST /items` and `GET /items/{item_id}`, and the SQL they own.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use reliability::idempotency::Idempotent;
+use reliability::outbox::{self, NewEvent};
+use reliability::service::ApiState;
+use reliability::{TenantId, TenantTx};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::Error;
+
+/// The event this service publishes (move it to `libs/contracts` once
+/// another service consumes it).
+pub const ITEM_CREATED: &str = "ItemCreated";
+
+pub fn router(state: ApiState) -> Router {
+    Router::new().route("/items", post(create_item)).route("/items/{item_id}", get(get_item)).with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CreateItem {
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct ItemView {
+    pub item_id: i64,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One transaction: the key, the item, `ItemCreated`, the stored response.
+async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error> {
+    if !(1..=100).contains(&req.body.name.chars().count()) {
+        return Ok(req.reject(Error::Invalid("name must be 1 to 100 characters".into()).api()).await?);
+    }
+    let item: ItemView = sqlx::query_as(
+        "INSERT INTO items (tenant_id, name) VALUES ($1, $2) RETURNING item_id, name, created_at",
+    )
+    .bind(req.tenant().get())
+    .bind(&req.body.name)
+    .fetch_one(&mut *req.tx)
+    .await?;
+    let event = NewEvent::new("item", item.item_id, ITEM_CREATED, &serde_json::json!({"item_id": item.item_id, "name": item.name}))?;
+    outbox::enqueue(&mut req.tx, &event).await?;
+    Ok(req.complete(StatusCode::CREATED, &item).await?)
+}
+
+async fn get_item(tenant: TenantId, State(pool): State<PgPool>, Path(item_id): Path<String>) -> Result<Json<ItemView>, Error> {
+    let item_id: i64 = item_id.parse().map_err(|_| Error::NotFound)?;
+    let mut tx = TenantTx::begin(&pool, tenant).await?;
+    let item = sqlx::query_as("SELECT item_id, name, created_at FROM items WHERE item_id = $1")
+        .bind(item_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(Error::NotFound)?;
+    tx.commit().await?;
+    Ok(Json(item))
+}

@@ -1,0 +1,73 @@
+//! __SERVICE__ against the real PostgreSQL and RabbitMQ.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use __SERVICE__::{Application, Settings};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::testing::{ApiClient, TestDb, unique, wait_until};
+
+struct TestApp {
+    api: ApiClient,
+    db: TestDb,
+    stop: ShutdownToken,
+}
+
+impl TestApp {
+    /// The whole service (HTTP, relay, consumer) on a database and exchange of its own.
+    async fn spawn() -> Self {
+        let db = TestDb::with_migrations(&__SERVICE__::MIGRATIONS).await;
+        let mut common = CommonSettings::local();
+        common.exchange = unique("reltest.__SERVICE__.");
+        common.queue_prefix = format!("{}.", common.exchange);
+        let jwt = common.jwt_keys();
+        let settings = Settings { role: Role::All, port: 0, database_url: String::new(), common };
+        let stop = ShutdownToken::new();
+        let app = Application::build_with(settings, db.databases(), stop.clone()).await.unwrap();
+        let api = ApiClient::new(app.port(), jwt);
+        tokio::spawn(app.run_until_stopped());
+        Self { api, db, stop }
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.db.owner).await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn an_item_is_created_once_per_key_and_audited_once() {
+    let app = Arc::new(TestApp::spawn().await);
+    let answers = futures_util::future::join_all((0..10).map(|_| {
+        let app = app.clone();
+        async move { app.api.post(1, "/items", "item-key", r#"{"name": "first"}"#).await }
+    }))
+    .await;
+    assert!(answers.iter().all(|(status, _, _)| *status == 201 || *status == 425), "{answers:?}");
+    assert_eq!(app.count("SELECT count(*) FROM items").await, 1);
+    let item_id = answers.iter().find(|a| a.0 == 201).unwrap().2["item_id"].clone();
+
+    let (status, item) = app.api.get(1, &format!("/items/{item_id}")).await;
+    assert_eq!((status, item["name"].as_str()), (200, Some("first")));
+    let (status, _) = app.api.get(2, &format!("/items/{item_id}")).await;
+    assert_eq!(status, 404, "another tenant cannot see it");
+
+    // The relay publishes ItemCreated; the consumer records it once.
+    wait_until(Duration::from_secs(20), "item audited", || async { app.count("SELECT count(*) FROM item_audit").await == 1 }).await;
+    Arc::into_inner(app).unwrap().stop().await;
+}
+
+#[tokio::test]
+async fn an_invalid_item_gets_422_and_writes_nothing() {
+    let app = TestApp::spawn().await;
+    let (status, _, err) = app.api.post(1, "/items", "bad", r#"{"name": ""}"#).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (422, Some("invalid_item")));
+    let (status, _, _) = app.api.post(1, "/items", "bad2", r#"{"name": 7}"#).await;
+    assert_eq!(status, 422);
+    assert_eq!(app.count("SELECT count(*) FROM items").await, 0);
+    app.stop().await;
+}
