@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,3 +69,9 @@ template-check: ## generate a throwaway service, run its tests, remove it (CI)
 	scripts/new-service.sh tmplcheck
 	status=0; cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status
+
+openapi: ## write each service's OpenAPI document to target/openapi/ and validate it
+	cargo build --quiet --locked --bins
+	mkdir -p target/openapi
+	for s in orders inventory payments projection; do target/debug/$$s --openapi > target/openapi/$$s.json; done
+	python3 scripts/check_openapi.py target/openapi/*.json

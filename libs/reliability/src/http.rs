@@ -34,25 +34,29 @@ impl ApiError {
         )
     }
 
-    pub fn body(&self) -> ErrorBody<'_> {
+    pub fn body(&self) -> ErrorBody {
         ErrorBody {
             error: ErrorDetail {
-                code: self.code,
-                message: &self.message,
+                code: self.code.to_owned(),
+                message: self.message.clone(),
             },
         }
     }
 }
 
-#[derive(Debug, Serialize)]
-pub struct ErrorBody<'a> {
-    pub error: ErrorDetail<'a>,
+/// The body of every error response.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize)]
-pub struct ErrorDetail<'a> {
-    pub code: &'a str,
-    pub message: &'a str,
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, snake_case: what a client branches on.
+    #[schema(example = "not_found")]
+    pub code: String,
+    /// For people; never SQL text or a stack trace.
+    pub message: String,
 }
 
 impl IntoResponse for ApiError {

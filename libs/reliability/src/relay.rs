@@ -282,7 +282,8 @@ impl Relay {
         )
         .fetch_one(&self.pool)
         .await?;
-        metrics::gauge!("outbox_max_attempts", "source" => self.config.source.clone()).set(f64::from(attempts));
+        metrics::gauge!("outbox_max_attempts", "source" => self.config.source.clone())
+            .set(f64::from(attempts));
         metrics::gauge!("outbox_lag_seconds", "source" => self.config.source.clone()).set(lag);
         metrics::gauge!("outbox_dlq_depth", "source" => self.config.source.clone()).set(dlq as f64);
         Ok(())

@@ -1,10 +1,9 @@
 //! `POST /stock/adjustments` and `GET /products/{sku}`, and their SQL.
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use contracts::{aggregate, event};
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
@@ -12,25 +11,28 @@ use reliability::service::ApiState;
 use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Error;
 use crate::domain::Sku;
 
-pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/stock/adjustments", post(adjust_stock))
-        .route("/products/{sku}", get(get_product))
+pub fn router(state: ApiState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(adjust_stock))
+        .routes(routes!(get_product))
         .with_state(state)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct Adjustment {
     pub sku: String,
     pub delta: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct ProductView {
     pub sku: String,
     pub on_hand: i64,
@@ -40,6 +42,8 @@ pub struct ProductView {
 
 const MAX_DELTA: i64 = 1_000_000_000;
 
+#[utoipa::path(post, path = "/stock/adjustments", tag = "inventory", request_body = Adjustment,
+    responses((status = 201, description = "the product after the adjustment", body = ProductView)))]
 async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error> {
     let checked = Sku::parse(req.body.sku.clone()).and_then(|sku| {
         if req.body.delta == 0 || req.body.delta.abs() > MAX_DELTA {
@@ -125,6 +129,9 @@ async fn apply_adjustment(
     Ok(product)
 }
 
+#[utoipa::path(get, path = "/products/{sku}", tag = "inventory",
+    params(("sku" = String, Path, description = "the product's sku")),
+    responses((status = 200, description = "stock of the product", body = ProductView)))]
 async fn get_product(
     tenant: TenantId,
     State(pool): State<PgPool>,

@@ -1,10 +1,9 @@
 //! `POST /orders` and `GET /orders/{order_id}`, and the SQL they own.
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use contracts::{aggregate, event};
 use reliability::idempotency::Idempotent;
@@ -13,33 +12,36 @@ use reliability::service::ApiState;
 use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Error;
 use crate::domain::{self, NewOrder, OrderId};
 
-pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/orders", post(place_order))
-        .route("/orders/{order_id}", get(get_order))
+pub fn router(state: ApiState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(place_order))
+        .routes(routes!(get_order))
         .with_state(state)
 }
 
 /// The wire shape of `POST /orders`; validated into [`NewOrder`].
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct PlaceOrder {
     pub customer_id: String,
     pub currency: String,
     pub lines: Vec<PlaceOrderLine>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct PlaceOrderLine {
     pub sku: String,
     pub quantity: i64,
     pub unit_price_cents: i64,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct OrderView {
     pub order_id: i64,
     pub status: String,
@@ -53,7 +55,7 @@ pub struct OrderView {
     pub lines: Vec<LineView>,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct LineView {
     pub sku: String,
     pub quantity: i32,
@@ -71,6 +73,8 @@ fn validate(body: &PlaceOrder) -> Result<NewOrder, Error> {
 
 /// One transaction: the key, the order and its lines, `OrderPlaced`, the
 /// stored response (I3 and I1 together).
+#[utoipa::path(post, path = "/orders", tag = "orders", request_body = PlaceOrder,
+    responses((status = 201, description = "the order, pending", body = OrderView)))]
 async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error> {
     let order = match validate(&req.body) {
         Ok(order) => order,
@@ -111,6 +115,9 @@ async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error>
     Ok(req.complete(StatusCode::CREATED, &view).await?)
 }
 
+#[utoipa::path(get, path = "/orders/{order_id}", tag = "orders",
+    params(("order_id" = String, Path, description = "the order's id")),
+    responses((status = 200, description = "the order and its lines", body = OrderView)))]
 async fn get_order(
     tenant: TenantId,
     State(pool): State<PgPool>,

@@ -4,6 +4,11 @@ use clap::Parser;
 async fn main() -> anyhow::Result<()> {
     reliability::service::init_tracing();
     let settings = orders::Settings::parse();
+    if settings.common.openapi {
+        let api = reliability::service::openapi("orders", orders::http::router);
+        println!("{}", serde_json::to_string_pretty(&api)?);
+        return Ok(());
+    }
     let app = orders::Application::build(settings, reliability::shutdown::token()).await?;
     app.run_until_stopped().await
 }

@@ -2,27 +2,29 @@
 //! accepted here (reserving the amount against the payment) and carried out
 //! by the provider worker, never inside this transaction.
 
+use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use reliability::idempotency::Idempotent;
 use reliability::service::ApiState;
 use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Error;
 
-pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/payments", get(list_payments))
-        .route("/refunds", post(create_refund))
+pub fn router(state: ApiState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(list_payments))
+        .routes(routes!(create_refund))
         .with_state(state)
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct PaymentView {
     pub payment_id: i64,
     pub order_id: i64,
@@ -32,11 +34,15 @@ pub struct PaymentView {
     pub refunded_cents: i64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PaymentsQuery {
+    /// Only this order's payments.
     pub order_id: Option<String>,
 }
 
+#[utoipa::path(get, path = "/payments", tag = "payments", params(PaymentsQuery),
+    responses((status = 200, description = "the tenant's payments (of one order with `order_id`)", body = Vec<PaymentView>)))]
 async fn list_payments(
     tenant: TenantId,
     State(pool): State<PgPool>,
@@ -62,13 +68,15 @@ async fn list_payments(
     Ok(Json(rows))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct RefundRequest {
+    /// The payment's id: a number (or the same as a string).
+    #[schema(value_type = i64)]
     pub payment_id: serde_json::Value,
     pub amount_cents: i64,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct RefundView {
     pub refund_id: i64,
     pub payment_id: i64,
@@ -76,6 +84,8 @@ pub struct RefundView {
     pub status: String,
 }
 
+#[utoipa::path(post, path = "/refunds", tag = "payments", request_body = RefundRequest,
+    responses((status = 201, description = "the refund, pending until the provider confirms it", body = RefundView)))]
 async fn create_refund(mut req: Idempotent<RefundRequest>) -> Result<Response, Error> {
     // Ids are opaque to clients: a number or a numeric string.
     let payment_id = match &req.body.payment_id {

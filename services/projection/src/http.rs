@@ -1,23 +1,25 @@
 //! `GET /orders/{order_id}`: the order as the events tell it.
 
+use axum::Json;
 use axum::extract::{Path, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use reliability::service::ApiState;
 use reliability::{TenantId, TenantTx};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Error;
 
-pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/orders/{order_id}", get(get_order))
+pub fn router(state: ApiState) -> OpenApiRouter {
+    OpenApiRouter::new()
+        .routes(routes!(get_order))
         .with_state(state)
 }
 
-#[derive(Debug, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, PartialEq, Serialize, sqlx::FromRow, ToSchema)]
 pub struct OrderView {
     pub order_id: i64,
     pub status: String,
@@ -30,7 +32,7 @@ pub struct OrderView {
     pub events: Vec<EventView>,
 }
 
-#[derive(Debug, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, PartialEq, Serialize, sqlx::FromRow, ToSchema)]
 pub struct EventView {
     #[serde(rename = "type")]
     pub event_type: String,
@@ -38,6 +40,9 @@ pub struct EventView {
     pub occurred_at: DateTime<Utc>,
 }
 
+#[utoipa::path(get, path = "/orders/{order_id}", tag = "projection",
+    params(("order_id" = String, Path, description = "the order's id")),
+    responses((status = 200, description = "the order as its events tell it (404 until the first arrives)", body = OrderView)))]
 async fn get_order(
     tenant: TenantId,
     State(pool): State<PgPool>,

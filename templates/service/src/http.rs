@@ -3,8 +3,7 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, Utc};
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
@@ -12,6 +11,9 @@ use reliability::service::ApiState;
 use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Error;
 
@@ -19,16 +21,16 @@ use crate::Error;
 /// another service consumes it).
 pub const ITEM_CREATED: &str = "ItemCreated";
 
-pub fn router(state: ApiState) -> Router {
-    Router::new().route("/items", post(create_item)).route("/items/{item_id}", get(get_item)).with_state(state)
+pub fn router(state: ApiState) -> OpenApiRouter {
+    OpenApiRouter::new().routes(routes!(create_item)).routes(routes!(get_item)).with_state(state)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct CreateItem {
     pub name: String,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
 pub struct ItemView {
     pub item_id: i64,
     pub name: String,
@@ -36,6 +38,8 @@ pub struct ItemView {
 }
 
 /// One transaction: the key, the item, `ItemCreated`, the stored response.
+#[utoipa::path(post, path = "/items", tag = "items", request_body = CreateItem,
+    responses((status = 201, description = "the item", body = ItemView)))]
 async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error> {
     if !(1..=100).contains(&req.body.name.chars().count()) {
         return Ok(req.reject(Error::Invalid("name must be 1 to 100 characters".into()).api()).await?);
@@ -52,6 +56,9 @@ async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error>
     Ok(req.complete(StatusCode::CREATED, &item).await?)
 }
 
+#[utoipa::path(get, path = "/items/{item_id}", tag = "items",
+    params(("item_id" = String, Path, description = "the item's id")),
+    responses((status = 200, description = "the item", body = ItemView)))]
 async fn get_item(tenant: TenantId, State(pool): State<PgPool>, Path(item_id): Path<String>) -> Result<Json<ItemView>, Error> {
     let item_id: i64 = item_id.parse().map_err(|_| Error::NotFound)?;
     let mut tx = TenantTx::begin(&pool, tenant).await?;

@@ -233,6 +233,7 @@ async fn health_readiness_and_metrics_need_no_token() {
         ("/healthz", 200),
         ("/readyz", 200),
         ("/metrics", 200),
+        ("/openapi.json", 200),
         ("/nope", 404),
     ] {
         let resp = app
@@ -244,6 +245,23 @@ async fn health_readiness_and_metrics_need_no_token() {
             .unwrap();
         assert_eq!(resp.status().as_u16(), status, "{path}");
     }
+    // The document is built from the same macro that registers the routes.
+    let doc: Value = app
+        .api
+        .http
+        .get(format!("{}/openapi.json", app.api.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+    assert_eq!(paths, ["/orders", "/orders/{order_id}"]);
+    assert_eq!(
+        doc["paths"]["/orders"]["post"]["parameters"][0]["name"],
+        "Idempotency-Key"
+    );
     app.place(1, "m", ORDER).await;
     let text = app
         .api
