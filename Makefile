@@ -73,5 +73,5 @@ template-check: ## generate a throwaway service, run its tests, remove it (CI)
 openapi: ## write each service's OpenAPI document to target/openapi/ and validate it
 	cargo build --quiet --locked --bins
 	mkdir -p target/openapi
-	for s in orders inventory payments projection; do target/debug/$$s --openapi > target/openapi/$$s.json; done
+	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json

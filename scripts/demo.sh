@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 command -v jq >/dev/null || { echo "make demo needs jq (Debian: apt-get install jq)" >&2; exit 1; }
 
 TENANT=${TENANT:-1}
-TOKEN=$(target/${PROFILE:-debug}/reliability token --tenant "$TENANT")
+TOKEN=$(${CARGO_TARGET_DIR:-target}/${PROFILE:-debug}/reliability token --tenant "$TENANT")
 RUN_ID=$(date +%s%N)
 ORDERS=http://127.0.0.1:8081 INVENTORY=http://127.0.0.1:8082 PAYMENTS=http://127.0.0.1:8083 PROJECTION=http://127.0.0.1:8084
 

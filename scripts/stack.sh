@@ -20,7 +20,7 @@ export PROJECTION_DATABASE_URL=${PROJECTION_DATABASE_URL:-postgres://$PG_HOST:$P
 # name port
 SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084"
 
-bin() { echo "target/$PROFILE/$1"; }
+bin() { echo "${CARGO_TARGET_DIR:-target}/$PROFILE/$1"; }
 
 # Every service but the simulator has a database of its own name.
 databases() { for entry in $SERVICES; do [[ ${entry%%:*} == psp-sim ]] || echo "${entry%%:*}"; done; }
