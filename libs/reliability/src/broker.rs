@@ -427,3 +427,16 @@ pub fn header_str(props: &BasicProperties, name: &str) -> Option<String> {
         _ => None,
     }
 }
+
+/// Deletes every message of `queue`'s DLQ for good; returns how many.
+pub async fn purge_dead_letters(connection: &Connection, queue: &str) -> Result<u32> {
+    let channel = connection.create_channel().await?;
+    let purged = channel
+        .queue_purge(
+            dead_letter_queue(queue).as_str().into(),
+            lapin::options::QueuePurgeOptions { nowait: false },
+        )
+        .await?;
+    channel.close(200, "purge done".into()).await?;
+    Ok(purged)
+}

@@ -442,3 +442,42 @@ pub async fn outbox_status(owner: &PgPool) -> Result<OutboxStatus> {
     .fetch_one(owner)
     .await?)
 }
+
+/// One outbox DLQ row in full, payload included.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct DlqEntry {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub event_version: i32,
+    pub payload: Value,
+    pub headers: Value,
+    pub occurred_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub failed_at: DateTime<Utc>,
+}
+
+pub async fn show_dlq(owner: &PgPool, id: i64) -> Result<Option<DlqEntry>> {
+    Ok(sqlx::query_as(
+        "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers,
+                occurred_at, attempts, last_error, failed_at
+         FROM outbox_messages_dlq WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(owner)
+    .await?)
+}
+
+/// Deletes outbox DLQ rows for good (the given ids, or all); returns how many.
+pub async fn purge_dlq(owner: &PgPool, ids: Option<&[i64]>) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM outbox_messages_dlq WHERE $1::bigint[] IS NULL OR id = ANY($1)")
+            .bind(ids)
+            .execute(owner)
+            .await?
+            .rows_affected(),
+    )
+}

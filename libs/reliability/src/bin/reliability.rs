@@ -48,6 +48,20 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+    /// One outbox DLQ row in full, payload included.
+    OutboxDlqShow {
+        #[arg(long, env = "OWNER_DATABASE_URL")]
+        database_url: String,
+        id: i64,
+    },
+    /// Delete outbox DLQ rows for good (the ids given, or all with --all).
+    OutboxDlqPurge {
+        #[arg(long, env = "OWNER_DATABASE_URL")]
+        database_url: String,
+        ids: Vec<i64>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+    },
     /// Put outbox DLQ rows back in the outbox (same id, attempts reset).
     OutboxDlqRedrive {
         #[arg(long, env = "OWNER_DATABASE_URL")]
@@ -67,6 +81,17 @@ enum Command {
         queue: String,
         #[arg(long, default_value_t = 20)]
         limit: usize,
+    },
+    /// Delete a consumer's dead letters for good.
+    DlqPurge {
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
+        amqp_url: String,
+        #[arg(long)]
+        queue: String,
     },
     /// Move a consumer's dead letters back onto its queue.
     DlqRedrive {
@@ -165,6 +190,32 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
             print(json, &relay::list_dlq(&pool, limit).await?)?;
+        }
+        Command::OutboxDlqShow { database_url, id } => {
+            let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
+            match relay::show_dlq(&pool, id).await? {
+                Some(entry) if json => println!("{}", serde_json::to_string(&entry)?),
+                Some(entry) => println!("{}", serde_json::to_string_pretty(&entry)?),
+                None => anyhow::bail!("no outbox DLQ row {id}"),
+            }
+        }
+        Command::OutboxDlqPurge {
+            database_url,
+            ids,
+            all,
+        } => {
+            anyhow::ensure!(all || !ids.is_empty(), "name the ids to purge, or --all");
+            let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
+            let purged = relay::purge_dlq(&pool, (!all).then_some(ids.as_slice())).await?;
+            println!("purged {purged} outbox DLQ row(s)");
+        }
+        Command::DlqPurge { amqp_url, queue } => {
+            let conn = broker::connect(&amqp_url, "reliability-cli").await?;
+            let purged = broker::purge_dead_letters(&conn, &queue).await?;
+            println!(
+                "purged {purged} message(s) from {}",
+                broker::dead_letter_queue(&queue)
+            );
         }
         Command::OutboxDlqRedrive { database_url, ids } => {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;

@@ -297,6 +297,14 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     task.await.unwrap().unwrap();
     assert_eq!(consumer.stats().dead_lettered, 3);
     assert_eq!(consumer.stats().applied, 4);
+    // The operator gives up on the malformed one.
+    assert_eq!(
+        broker::purge_dead_letters(&broker.conn, &queue)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(broker.depth(&dlq).await, 0);
     let text = metrics.render();
     let name = &consumer.config().name;
     for line in [

@@ -138,3 +138,46 @@ async fn expired_idempotency_keys_are_deleted_in_batches_and_live_ones_kept() {
     assert_eq!(left, ["live-1", "live-2"]);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_operator_can_show_and_purge_outbox_dlq_rows() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages_dlq (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at, attempts, last_error)
+         SELECT g, 1, 'order', g::text, 'OrderPlaced', 1, jsonb_build_object('n', g), '{}', now(), 11, 'unroutable' FROM generate_series(1, 3) g",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let entry = reliability::relay::show_dlq(&db.owner, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((entry.payload["n"].as_i64(), entry.attempts), (Some(2), 11));
+    assert!(
+        reliability::relay::show_dlq(&db.owner, 9)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        reliability::relay::purge_dlq(&db.owner, Some(&[1, 9]))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        reliability::relay::list_dlq(&db.owner, 10)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        reliability::relay::purge_dlq(&db.owner, None)
+            .await
+            .unwrap(),
+        2
+    );
+    db.cleanup().await;
+}
