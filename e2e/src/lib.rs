@@ -45,7 +45,7 @@ impl Stack {
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
         tokio::spawn(sim.run_until_stopped(stop.clone()));
 
-        let o = orders::Application::build_with(
+        let o = orders::build(
             orders::Settings {
                 role: Role::All,
                 port: 0,
@@ -56,7 +56,7 @@ impl Stack {
             stop.clone(),
         )
         .await?;
-        let i = inventory::Application::build_with(
+        let i = inventory::build(
             inventory::Settings {
                 role: Role::All,
                 port: 0,
@@ -67,7 +67,7 @@ impl Stack {
             stop.clone(),
         )
         .await?;
-        let p = payments::Application::build_with(
+        let p = payments::build(
             payments::Settings {
                 role: Role::All,
                 port: 0,
@@ -81,7 +81,7 @@ impl Stack {
             stop.clone(),
         )
         .await?;
-        let v = projection::Application::build_with(
+        let v = projection::build(
             projection::Settings {
                 role: Role::All,
                 port: 0,

@@ -369,9 +369,21 @@ pub struct ServiceSpec<'a> {
 }
 
 /// A started service: its port (when serving) and its tasks.
-pub struct Launched {
-    pub port: u16,
-    pub tasks: Tasks,
+pub struct Application {
+    port: u16,
+    tasks: Tasks,
+}
+
+impl Application {
+    /// The HTTP port, when the role serves.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Until SIGTERM (or the shutdown token), or until a part fails.
+    pub async fn run_until_stopped(self) -> Result<()> {
+        self.tasks.wait().await
+    }
 }
 
 /// Starts the parts of a service its role asks for: migrations, the HTTP
@@ -382,7 +394,7 @@ pub async fn launch(
     dbs: Databases,
     shutdown: ShutdownToken,
     consumers: impl FnOnce(&mut Tasks, &Databases) -> Result<()>,
-) -> Result<Launched> {
+) -> Result<Application> {
     let common = spec.common;
     let mut tasks = Tasks::new(shutdown.clone());
     if spec.role.migrates() {
@@ -418,7 +430,7 @@ pub async fn launch(
     if spec.role.consumes() {
         consumers(&mut tasks, &dbs)?;
     }
-    Ok(Launched { port, tasks })
+    Ok(Application { port, tasks })
 }
 
 /// The OpenAPI document of a service's routes, without a database (for

@@ -14,7 +14,7 @@ pub mod saga;
 use clap::Parser;
 use reliability::consumer::Consumer;
 use reliability::service::{
-    self, CommonSettings, Databases, Launched, Role, ServiceSpec, ShutdownToken,
+    self, Application, CommonSettings, Databases, Role, ServiceSpec, ShutdownToken,
 };
 use sqlx::migrate::Migrator;
 
@@ -43,49 +43,31 @@ pub struct Settings {
     pub common: CommonSettings,
 }
 
-/// The running parts of the service.
-pub struct Application(Launched);
-
-impl Application {
-    pub async fn build(settings: Settings, shutdown: ShutdownToken) -> anyhow::Result<Self> {
-        let dbs = Databases::connect_lazy(&settings.database_url, &settings.common)?;
-        Self::build_with(settings, dbs, shutdown).await
-    }
-
-    /// As `build`, on pools the caller made (tests bring their own database).
-    pub async fn build_with(
-        settings: Settings,
-        dbs: Databases,
-        shutdown: ShutdownToken,
-    ) -> anyhow::Result<Self> {
-        let common = &settings.common;
-        let spec = ServiceSpec {
-            name: contracts::source::ORDERS,
-            role: settings.role,
-            port: settings.port,
-            common,
-            migrations: &MIGRATIONS,
-            routes: http::router,
-        };
-        let launched = service::launch(spec, dbs, shutdown, |tasks, dbs| {
-            tasks.spawn_consumer(Consumer::new(
-                dbs.app.clone(),
-                &common.amqp_url,
-                saga::consumer_config(common)?,
-                saga::Saga,
-            ));
-            Ok(())
-        })
-        .await?;
-        Ok(Self(launched))
-    }
-
-    /// The HTTP port, when serving.
-    pub fn port(&self) -> u16 {
-        self.0.port
-    }
-
-    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        Ok(self.0.tasks.wait().await?)
-    }
+/// Starts what `settings.role` asks for on `dbs`: a service's own pools
+/// (`Databases::connect_lazy`) or a test's database.
+pub async fn build(
+    settings: Settings,
+    dbs: Databases,
+    shutdown: ShutdownToken,
+) -> anyhow::Result<Application> {
+    let common = &settings.common;
+    let spec = ServiceSpec {
+        name: contracts::source::ORDERS,
+        role: settings.role,
+        port: settings.port,
+        common,
+        migrations: &MIGRATIONS,
+        routes: http::router,
+    };
+    let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
+        tasks.spawn_consumer(Consumer::new(
+            dbs.app.clone(),
+            &common.amqp_url,
+            saga::consumer_config(common)?,
+            saga::Saga,
+        ));
+        Ok(())
+    })
+    .await?;
+    Ok(app)
 }

@@ -9,6 +9,8 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&api)?);
         return Ok(());
     }
-    let app = orders::Application::build(settings, reliability::shutdown::token()).await?;
-    app.run_until_stopped().await
+    let dbs =
+        reliability::service::Databases::connect_lazy(&settings.database_url, &settings.common)?;
+    let app = orders::build(settings, dbs, reliability::shutdown::token()).await?;
+    Ok(app.run_until_stopped().await?)
 }

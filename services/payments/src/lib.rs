@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::Parser;
 use reliability::consumer::Consumer;
 use reliability::service::{
-    self, CommonSettings, Databases, Launched, Role, ServiceSpec, ShutdownToken,
+    self, Application, CommonSettings, Databases, Role, ServiceSpec, ShutdownToken,
 };
 use sqlx::migrate::Migrator;
 
@@ -51,57 +51,42 @@ pub struct Settings {
     pub common: CommonSettings,
 }
 
-pub struct Application(Launched);
-
-impl Application {
-    pub async fn build(settings: Settings, shutdown: ShutdownToken) -> anyhow::Result<Self> {
-        let dbs = Databases::connect_lazy(&settings.database_url, &settings.common)?;
-        Self::build_with(settings, dbs, shutdown).await
-    }
-
-    pub async fn build_with(
-        settings: Settings,
-        dbs: Databases,
-        shutdown: ShutdownToken,
-    ) -> anyhow::Result<Self> {
-        let common = &settings.common;
-        let spec = ServiceSpec {
-            name: contracts::source::PAYMENTS,
-            role: settings.role,
-            port: settings.port,
-            common,
-            migrations: &MIGRATIONS,
-            routes: http::router,
+/// Starts what `settings.role` asks for on `dbs`: a service's own pools
+/// (`Databases::connect_lazy`) or a test's database.
+pub async fn build(
+    settings: Settings,
+    dbs: Databases,
+    shutdown: ShutdownToken,
+) -> anyhow::Result<Application> {
+    let common = &settings.common;
+    let spec = ServiceSpec {
+        name: contracts::source::PAYMENTS,
+        role: settings.role,
+        port: settings.port,
+        common,
+        migrations: &MIGRATIONS,
+        routes: http::router,
+    };
+    let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
+        tasks.spawn_consumer(Consumer::new(
+            dbs.app.clone(),
+            &common.amqp_url,
+            charges::consumer_config(common)?,
+            charges::Charges,
+        ));
+        let psp = provider::Psp::new(
+            &settings.psp_url,
+            Duration::from_millis(settings.psp_timeout_ms),
+        );
+        let config = provider::WorkerConfig {
+            lease: Duration::from_secs(settings.psp_lease_secs),
+            ..Default::default()
         };
-        let launched = service::launch(spec, dbs, shutdown, |tasks, dbs| {
-            tasks.spawn_consumer(Consumer::new(
-                dbs.app.clone(),
-                &common.amqp_url,
-                charges::consumer_config(common)?,
-                charges::Charges,
-            ));
-            let psp = provider::Psp::new(
-                &settings.psp_url,
-                Duration::from_millis(settings.psp_timeout_ms),
-            );
-            let config = provider::WorkerConfig {
-                lease: Duration::from_secs(settings.psp_lease_secs),
-                ..Default::default()
-            };
-            let worker = provider::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
-            let stop = tasks.shutdown();
-            tasks.spawn("provider worker", async move { worker.run(stop).await });
-            Ok(())
-        })
-        .await?;
-        Ok(Self(launched))
-    }
-
-    pub fn port(&self) -> u16 {
-        self.0.port
-    }
-
-    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        Ok(self.0.tasks.wait().await?)
-    }
+        let worker = provider::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
+        let stop = tasks.shutdown();
+        tasks.spawn("provider worker", async move { worker.run(stop).await });
+        Ok(())
+    })
+    .await?;
+    Ok(app)
 }

@@ -14,6 +14,8 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    let app = projection::Application::build(settings, reliability::shutdown::token()).await?;
-    app.run_until_stopped().await
+    let dbs =
+        reliability::service::Databases::connect_lazy(&settings.database_url, &settings.common)?;
+    let app = projection::build(settings, dbs, reliability::shutdown::token()).await?;
+    Ok(app.run_until_stopped().await?)
 }

@@ -4,7 +4,7 @@
 mod api;
 mod stock;
 
-use inventory::{Application, Settings};
+use inventory::{Settings, build};
 use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 
@@ -27,9 +27,7 @@ impl TestApp {
             common,
         };
         let stop = ShutdownToken::new();
-        let app = Application::build_with(settings, db.databases(), stop.clone())
-            .await
-            .unwrap();
+        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self { api, db, stop }

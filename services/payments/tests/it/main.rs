@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use payments::charges::{CONSUMER, Charges};
 use payments::provider::{Psp, Worker, WorkerConfig};
-use payments::{Application, Settings};
+use payments::{Settings, build};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
 use reliability::outbox::Envelope;
@@ -45,9 +45,7 @@ impl TestApp {
             psp_lease_secs: 30,
             common,
         };
-        let app = Application::build_with(settings, db.databases(), stop.clone())
-            .await
-            .unwrap();
+        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self {

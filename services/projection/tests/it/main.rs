@@ -3,7 +3,7 @@
 
 use contracts::event;
 use projection::views::{CONSUMER, Views};
-use projection::{Application, Settings};
+use projection::{Settings, build};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
 use reliability::service::{CommonSettings, Role, ShutdownToken};
@@ -23,9 +23,7 @@ async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
         common,
     };
     let stop = ShutdownToken::new();
-    let app = Application::build_with(settings, db.databases(), stop.clone())
-        .await
-        .unwrap();
+    let app = build(settings, db.databases(), stop.clone()).await.unwrap();
     let api = ApiClient::new(app.port(), jwt);
     tokio::spawn(app.run_until_stopped());
     (api, db, stop)

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use __SERVICE__::{Application, Settings};
+use __SERVICE__::{Settings, build};
 use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 
@@ -23,7 +23,7 @@ impl TestApp {
         let jwt = common.jwt_keys();
         let settings = Settings { role: Role::All, port: 0, database_url: String::new(), common };
         let stop = ShutdownToken::new();
-        let app = Application::build_with(settings, db.databases(), stop.clone()).await.unwrap();
+        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self { api, db, stop }
