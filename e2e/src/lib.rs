@@ -114,31 +114,16 @@ impl Stack {
     /// Every consumer has declared and bound its queue (so no event is
     /// published before a queue can take it).
     async fn wait_until_consuming(&self) {
-        let conn = reliability::broker::connect(&reliability::testing::amqp_url(), "e2e")
-            .await
-            .expect("broker");
-        for name in [
+        let queues: Vec<String> = [
             "orders.saga",
             "inventory.stock",
             "payments.charges",
             "projection.views",
-        ] {
-            let queue = format!("{}{name}", self.common.queue_prefix);
-            wait_until(
-                Duration::from_secs(20),
-                &format!("queue {queue} declared"),
-                || async {
-                    // A failed passive declare closes its channel: probe on a fresh one.
-                    let Ok(probe) = conn.create_channel().await else {
-                        return false;
-                    };
-                    reliability::broker::queue_depth(&probe, &queue)
-                        .await
-                        .is_ok()
-                },
-            )
-            .await;
-        }
+        ]
+        .iter()
+        .map(|name| format!("{}{name}", self.common.queue_prefix))
+        .collect();
+        reliability::testing::wait_for_queues(&queues).await;
     }
 
     pub async fn stock(&self, tenant: i64, sku: &str, units: i64) {

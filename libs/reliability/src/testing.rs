@@ -333,3 +333,27 @@ impl ApiClient {
         )
     }
 }
+
+/// Waits until every queue in `queues` exists, so that nothing a test
+/// publishes is returned as unroutable (and backed off) before its consumer
+/// has declared and bound its queue.
+pub async fn wait_for_queues(queues: &[String]) {
+    let conn = crate::broker::connect(&amqp_url(), "reliability-tests")
+        .await
+        .expect("connect to AMQP_URL");
+    for queue in queues {
+        wait_until(
+            Duration::from_secs(20),
+            &format!("queue {queue} declared"),
+            || async {
+                // A failed passive declare closes its channel: probe on a fresh one.
+                let Ok(probe) = conn.create_channel().await else {
+                    return false;
+                };
+                crate::broker::queue_depth(&probe, queue).await.is_ok()
+            },
+        )
+        .await;
+    }
+    let _ = conn.close(200, "queues seen".into()).await;
+}

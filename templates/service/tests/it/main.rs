@@ -21,11 +21,13 @@ impl TestApp {
         common.exchange = unique("reltest.__SERVICE__.");
         common.queue_prefix = format!("{}.", common.exchange);
         let jwt = common.jwt_keys();
+        let common_prefix = common.queue_prefix.clone();
         let settings = Settings { role: Role::All, port: 0, database_url: String::new(), common };
         let stop = ShutdownToken::new();
         let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
+        reliability::testing::wait_for_queues(&[format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER)]).await;
         Self { api, db, stop }
     }
 
