@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi e2e
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,3 +75,7 @@ openapi: ## write each service's OpenAPI document to target/openapi/ and validat
 	mkdir -p target/openapi
 	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
+
+e2e: ## crash, restart and retry scenarios against the stack as real processes; prints the invariants table
+	cargo build --quiet --locked --bins
+	$${CARGO_TARGET_DIR:-target}/debug/e2e

@@ -3,6 +3,9 @@
 //! each service on a database of its own, all on one exchange of their own
 //! on the real broker.
 
+pub mod check;
+pub mod procs;
+
 use std::time::Duration;
 
 use reliability::service::{CommonSettings, Role, ShutdownToken};

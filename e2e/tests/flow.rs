@@ -30,6 +30,19 @@ async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_ref
     })
     .await;
     assert_eq!(stack.psp.total_charges(), 1);
+    // Every event found a queue: no outbox keeps anything back (StockAdjusted included).
+    for db in [&stack.dbs.orders, &stack.dbs.inventory, &stack.dbs.payments] {
+        wait_until(Duration::from_secs(20), "outbox drained", || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL",
+            )
+            .fetch_one(&db.owner)
+            .await
+            .unwrap()
+                == 0
+        })
+        .await;
+    }
     let (_, payments) = stack
         .payments
         .get(1, &format!("/payments?order_id={order_id}"))

@@ -9,14 +9,17 @@ use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = "projection.views";
 
-/// Every order event of the three sources.
+/// Every event of the three sources.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
     common.consumer_config(
         CONSUMER,
         &[
             routing_key(source::ORDERS, "*"),
-            routing_key(source::INVENTORY, event::INVENTORY_RESERVED),
-            routing_key(source::INVENTORY, event::INVENTORY_REJECTED),
+            // Every event needs a subscriber, or mandatory publishing returns
+            // it and it ends in the outbox DLQ: the projection takes all of
+            // inventory's (StockAdjusted included) and ignores what is not an
+            // order's.
+            routing_key(source::INVENTORY, "*"),
             routing_key(source::PAYMENTS, "*"),
         ],
     )

@@ -1,0 +1,621 @@
+//! `make e2e`: the system as real processes against the real PostgreSQL and
+//! RabbitMQ, put through crashes (`kill -9`, fail points that abort at exact
+//! places), a broker restart, duplicate storms and client retries. After each
+//! scenario it waits (with a deadline) for the system to go quiet, then
+//! checks the invariants of shared/design.md from the databases and the
+//! provider's charge counts. Prints a table; exits 1 on any violation.
+//!
+//! It runs on databases, ports (908x, 9090), an exchange and queues of its
+//! own, so it never touches `make up`'s stack.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use e2e::check::{Dbs, Verdict};
+use e2e::procs::Cluster;
+use reliability::auth::JwtKeys;
+use reliability::testing::{amqp_url, database_url, wait_until};
+use reliability::{TenantId, db};
+use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
+
+const SECRET: &str = "e2e-secret";
+const PREFIX: &str = "e2e.";
+const CONSUMERS: [&str; 4] = [
+    "orders.saga",
+    "inventory.stock",
+    "payments.charges",
+    "projection.views",
+];
+const QUIET: Duration = Duration::from_secs(120);
+
+struct Run {
+    cluster: Cluster,
+    dbs: Dbs,
+    client: Client,
+}
+
+/// A client of the stack that retries like a real one.
+struct Client {
+    http: reqwest::Client,
+    jwt: JwtKeys,
+}
+
+struct Row {
+    name: &'static str,
+    faults: String,
+    verdict: Verdict,
+    secs: f64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut run = setup().await?;
+    println!(
+        "stack up in {:.1}s; running scenarios",
+        started.elapsed().as_secs_f64()
+    );
+    type Scenario = (
+        &'static str,
+        fn(
+            &mut Run,
+            i64,
+        ) -> futures_util::future::BoxFuture<'_, anyhow::Result<(String, Vec<String>)>>,
+    );
+    let scenarios: Vec<Scenario> = vec![
+        ("baseline", |r, t| Box::pin(baseline(r, t))),
+        ("relay aborts after confirm, before mark", |r, t| {
+            Box::pin(crash_with_fail_point(
+                r,
+                t,
+                "orders-relay",
+                "relay.after_confirm=abort",
+            ))
+        }),
+        ("relay kill -9 mid-flow", |r, t| {
+            Box::pin(kill_mid_flow(r, t, "orders-relay"))
+        }),
+        ("consumer aborts after commit, before ack", |r, t| {
+            Box::pin(crash_with_fail_point(
+                r,
+                t,
+                "inventory-consumer",
+                "consumer.after_commit=abort",
+            ))
+        }),
+        ("payments aborts after provider answered", |r, t| {
+            Box::pin(crash_with_fail_point(
+                r,
+                t,
+                "payments-consumer",
+                "payments.after_provider=abort",
+            ))
+        }),
+        ("broker restart with 50 orders in flight", |r, t| {
+            Box::pin(broker_restart(r, t))
+        }),
+        ("duplicate storm: every event re-published twice", |r, t| {
+            Box::pin(duplicate_storm(r, t))
+        }),
+        ("50 concurrent identical POSTs", |r, t| {
+            Box::pin(identical_posts(r, t))
+        }),
+        ("orders API kill -9 under client retries", |r, t| {
+            Box::pin(api_killed_under_retries(r, t))
+        }),
+    ];
+    let mut rows = Vec::new();
+    for (i, (name, scenario)) in scenarios.into_iter().enumerate() {
+        let tenant = i as i64 + 1;
+        let t0 = Instant::now();
+        println!("-- {name} (tenant {tenant})");
+        let (faults, extra) = scenario(&mut run, tenant).await?;
+        quiesce(&run).await?;
+        let charges = charges(&run).await?;
+        let mut verdict = run.dbs.check(tenant, &charges).await?;
+        verdict.violations.extend(extra);
+        rows.push(Row {
+            name,
+            faults,
+            verdict,
+            secs: t0.elapsed().as_secs_f64(),
+        });
+    }
+    run.cluster.stop_all();
+    Ok(report(&rows, started.elapsed().as_secs_f64())).and_then(|failed: bool| {
+        if failed {
+            Err(anyhow::anyhow!("invariants violated"))
+        } else {
+            Ok(())
+        }
+    })
+}
+
+fn report(rows: &[Row], total: f64) -> bool {
+    println!();
+    println!(
+        "{:<48} {:<44} {:>6} {:>9} {:>9} {:>7} {:>6} {:>6}  verdict",
+        "scenario", "faults injected", "orders", "confirmed", "cancelled", "events", "lost", "secs"
+    );
+    let mut failed = false;
+    for r in rows {
+        let lost = r
+            .verdict
+            .violations
+            .iter()
+            .filter(|v| v.starts_with("I1"))
+            .count();
+        let ok = r.verdict.violations.is_empty();
+        failed |= !ok;
+        println!(
+            "{:<48} {:<44} {:>6} {:>9} {:>9} {:>7} {:>6} {:>6.1}  {}",
+            r.name,
+            r.faults,
+            r.verdict.orders,
+            r.verdict.confirmed,
+            r.verdict.cancelled,
+            r.verdict.events,
+            lost,
+            r.secs,
+            if ok { "PASS" } else { "FAIL" }
+        );
+    }
+    for r in rows.iter().filter(|r| !r.verdict.violations.is_empty()) {
+        println!("\n{} violated:", r.name);
+        for v in &r.verdict.violations {
+            println!("  {v}");
+        }
+    }
+    let passed = rows
+        .iter()
+        .filter(|r| r.verdict.violations.is_empty())
+        .count();
+    println!(
+        "\ne2e: {passed} passed, {} failed in {total:.0}s",
+        rows.len() - passed
+    );
+    failed
+}
+
+fn bin(name: &str) -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+        .join("debug")
+        .join(name)
+}
+
+async fn setup() -> anyhow::Result<Run> {
+    let admin_opts = PgConnectOptions::from_str(&database_url())?;
+    let admin = db::pool(admin_opts.clone(), 2).await?;
+    db::ensure_roles(&admin).await?;
+    let mut owners = Vec::new();
+    for (name, migrations) in [
+        ("e2e_orders", &orders::MIGRATIONS),
+        ("e2e_inventory", &inventory::MIGRATIONS),
+        ("e2e_payments", &payments::MIGRATIONS),
+        ("e2e_projection", &projection::MIGRATIONS),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await?;
+        db::ensure_database(&admin, name).await?;
+        let owner = db::pool(
+            db::options_for_role(&admin_opts.clone().database(name), db::OWNER_ROLE),
+            4,
+        )
+        .await?;
+        db::migrate(&owner, Some(migrations)).await?;
+        owners.push(owner);
+    }
+    let dbs = Dbs {
+        orders: owners[0].clone(),
+        inventory: owners[1].clone(),
+        payments: owners[2].clone(),
+        projection: owners[3].clone(),
+    };
+
+    // Queues of an earlier run would deliver its events into these fresh databases.
+    let conn = reliability::broker::connect(&amqp_url(), "e2e-setup").await?;
+    let channel = conn.create_channel().await?;
+    for c in CONSUMERS {
+        for q in [
+            format!("{PREFIX}{c}"),
+            reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}")),
+        ] {
+            channel
+                .queue_delete(
+                    q.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await?;
+        }
+    }
+    conn.close(200, "setup done".into()).await?;
+
+    let pg = format!(
+        "postgres://{}:{}",
+        admin_opts.get_host(),
+        admin_opts.get_port()
+    );
+    let env: Vec<(String, String)> = [
+        ("AMQP_URL", amqp_url()),
+        ("EVENTS_EXCHANGE", "e2e.events".to_owned()),
+        ("QUEUE_PREFIX", PREFIX.to_owned()),
+        ("JWT_SECRET", SECRET.to_owned()),
+        ("ORDERS_DATABASE_URL", format!("{pg}/e2e_orders")),
+        ("INVENTORY_DATABASE_URL", format!("{pg}/e2e_inventory")),
+        ("PAYMENTS_DATABASE_URL", format!("{pg}/e2e_payments")),
+        ("PROJECTION_DATABASE_URL", format!("{pg}/e2e_projection")),
+        ("ORDERS_PORT", "9081".into()),
+        ("INVENTORY_PORT", "9082".into()),
+        ("PAYMENTS_PORT", "9083".into()),
+        ("PROJECTION_PORT", "9084".into()),
+        ("PSP_SIM_PORT", "9090".into()),
+        ("PSP_URL", "http://127.0.0.1:9090".into()),
+        ("PSP_LEASE_SECS", "2".into()),
+        ("PSP_TIMEOUT_MS", "1000".into()),
+        ("RUST_LOG", "info".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut cluster = Cluster::new(env, PathBuf::from(".run/e2e"))?;
+    cluster.add("psp-sim", bin("psp-sim"), &[], Some(9090));
+    for (svc, port) in [
+        ("orders", 9081),
+        ("inventory", 9082),
+        ("payments", 9083),
+        ("projection", 9084),
+    ] {
+        cluster.add(&format!("{svc}-api"), bin(svc), &["serve"], Some(port));
+        cluster.add(&format!("{svc}-consumer"), bin(svc), &["consume"], None);
+        if svc != "projection" {
+            cluster.add(&format!("{svc}-relay"), bin(svc), &["relay"], None);
+        }
+    }
+    cluster.start_all()?;
+    cluster.wait_ready().await?;
+    let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{PREFIX}{c}")).collect();
+    reliability::testing::wait_for_queues(&queues).await;
+    let client = Client {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?,
+        jwt: JwtKeys::from_secret(SECRET.as_bytes()),
+    };
+    Ok(Run {
+        cluster,
+        dbs,
+        client,
+    })
+}
+
+impl Client {
+    fn token(&self, tenant: i64) -> String {
+        self.jwt.mint(
+            TenantId::new(tenant).expect("positive"),
+            Duration::from_secs(3600),
+        )
+    }
+
+    /// POSTs with the same key until the answer is known (a client that
+    /// retries timeouts, resets, 5xx and 425): the operation's outcome.
+    async fn post(
+        &self,
+        tenant: i64,
+        url: &str,
+        key: &str,
+        body: &Value,
+    ) -> anyhow::Result<(u16, Value)> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let sent = self
+                .http
+                .post(url)
+                .bearer_auth(self.token(tenant))
+                .header("Idempotency-Key", key)
+                .json(body)
+                .send()
+                .await;
+            if let Ok(resp) = sent {
+                let status = resp.status().as_u16();
+                if status < 500 && status != 425 {
+                    return Ok((status, resp.json().await.unwrap_or(Value::Null)));
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{url} with key {key} never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn stock(&self, tenant: i64, sku: &str, units: i64) -> anyhow::Result<()> {
+        let body = json!({"sku": sku, "delta": units, "reason": "e2e"});
+        let (status, body) = self
+            .post(
+                tenant,
+                "http://127.0.0.1:9082/stock/adjustments",
+                &format!("stock-{tenant}-{sku}"),
+                &body,
+            )
+            .await?;
+        anyhow::ensure!(status == 201, "stock: {status} {body}");
+        Ok(())
+    }
+
+    async fn order(
+        &self,
+        tenant: i64,
+        key: &str,
+        customer: &str,
+        sku: &str,
+        quantity: i64,
+    ) -> anyhow::Result<i64> {
+        let body = json!({"customer_id": customer, "currency": "EUR", "lines": [{"sku": sku, "quantity": quantity, "unit_price_cents": 1250}]});
+        let (status, body) = self
+            .post(tenant, "http://127.0.0.1:9081/orders", key, &body)
+            .await?;
+        anyhow::ensure!(status == 201, "order: {status} {body}");
+        body["order_id"]
+            .as_i64()
+            .ok_or_else(|| anyhow::anyhow!("no order id in {body}"))
+    }
+
+    /// `n` orders of one unit each, placed concurrently; about one in ten declined.
+    async fn orders(&self, tenant: i64, n: usize) -> anyhow::Result<Vec<i64>> {
+        let sku = format!("SKU-{tenant}");
+        let all = futures_util::future::join_all((0..n).map(|i| {
+            let customer = if i % 10 == 9 {
+                format!("decline-{i}")
+            } else {
+                format!("c-{i}")
+            };
+            let key = format!("order-{tenant}-{i}");
+            let sku = sku.clone();
+            async move { self.order(tenant, &key, &customer, &sku, 1).await }
+        }))
+        .await;
+        all.into_iter().collect()
+    }
+}
+
+async fn quiesce(run: &Run) -> anyhow::Result<()> {
+    let conn = reliability::broker::connect(&amqp_url(), "e2e-quiesce").await?;
+    wait_until(
+        QUIET,
+        "the system to go quiet (outboxes drained, queues empty, every order decided)",
+        || async {
+            let mut empty = true;
+            for c in CONSUMERS {
+                let Ok(ch) = conn.create_channel().await else {
+                    return false;
+                };
+                empty &= reliability::broker::queue_depth(&ch, &format!("{PREFIX}{c}"))
+                    .await
+                    .is_ok_and(|d| d == 0);
+            }
+            empty && run.dbs.quiet().await.unwrap_or(false)
+        },
+    )
+    .await;
+    let _ = conn.close(200, "quiet".into()).await;
+    Ok(())
+}
+
+async fn charges(run: &Run) -> anyhow::Result<HashMap<String, u64>> {
+    let body: Value = run
+        .client
+        .http
+        .get("http://127.0.0.1:9090/control/charges")
+        .send()
+        .await?
+        .json()
+        .await?;
+    Ok(body["charges"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| Some((c["key"].as_str()?.to_owned(), c["times_charged"].as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+async fn baseline(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    run.client.orders(tenant, 10).await?;
+    run.client
+        .order(tenant, "too-many", "c-x", &format!("SKU-{tenant}"), 1000)
+        .await?;
+    run.client
+        .order(tenant, "unknown", "c-y", "NO-SUCH-SKU", 1)
+        .await?;
+    Ok(("none".into(), vec![]))
+}
+
+/// Restarts `proc` with a fail point that aborts it at an exact place,
+/// drives orders until it dies there, then restarts it clean.
+async fn crash_with_fail_point(
+    run: &mut Run,
+    tenant: i64,
+    proc: &str,
+    fail_point: &str,
+) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    run.cluster.kill9(proc);
+    run.cluster.start(proc, Some(fail_point))?;
+    run.client.orders(tenant, 10).await?;
+    run.cluster.wait_exit(proc, Duration::from_secs(60)).await;
+    run.cluster.start(proc, None)?;
+    Ok((format!("{fail_point} in {proc}, restart"), vec![]))
+}
+
+async fn kill_mid_flow(
+    run: &mut Run,
+    tenant: i64,
+    proc: &str,
+) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    let (client, cluster, dbs) = (&run.client, &mut run.cluster, &run.dbs);
+    let (placed, ()) = tokio::join!(client.orders(tenant, 30), async {
+        wait_until(Duration::from_secs(30), "orders flowing", || async {
+            orders_of(dbs, tenant).await >= 5
+        })
+        .await;
+        cluster.kill9(proc);
+    });
+    placed?;
+    run.client.orders_after_kill(tenant).await?;
+    run.cluster.start(proc, None)?;
+    Ok((
+        format!("kill -9 {proc} with orders in flight, restart"),
+        vec![],
+    ))
+}
+
+async fn orders_of(dbs: &Dbs, tenant: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
+        .bind(tenant)
+        .fetch_one(&dbs.orders)
+        .await
+        .unwrap_or(0)
+}
+
+impl Client {
+    /// A few more orders while a part is down: they must wait, not vanish.
+    async fn orders_after_kill(&self, tenant: i64) -> anyhow::Result<()> {
+        for i in 0..5 {
+            self.order(
+                tenant,
+                &format!("while-down-{tenant}-{i}"),
+                "c-down",
+                &format!("SKU-{tenant}"),
+                1,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+async fn broker_restart(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
+    if std::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .arg("status")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        return Ok(("skipped: rabbitmqctl not usable here".into(), vec![]));
+    }
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    run.client.orders(tenant, 50).await?;
+    let ctl = |args: &[&str]| {
+        std::process::Command::new("rabbitmqctl")
+            .args(args)
+            .output()
+    };
+    ctl(&["stop_app"])?;
+    // Orders keep coming while the broker is away: they wait in the outbox.
+    run.client.orders_after_kill(tenant).await?;
+    ctl(&["start_app"])?;
+    ctl(&["await_startup"])?;
+    Ok(("rabbitmqctl stop_app / start_app mid-flow".into(), vec![]))
+}
+
+async fn duplicate_storm(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    run.client.orders(tenant, 10).await?;
+    for round in 0..2 {
+        quiesce(run).await?;
+        for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
+            sqlx::query("UPDATE outbox_messages SET processed_at = NULL WHERE tenant_id = $1")
+                .bind(tenant)
+                .execute(pool)
+                .await?;
+        }
+        println!(
+            "   re-published every event of tenant {tenant} (round {})",
+            round + 1
+        );
+    }
+    Ok(("every event of the tenant published 3 times".into(), vec![]))
+}
+
+async fn identical_posts(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    let sku = format!("SKU-{tenant}");
+    let ids = futures_util::future::join_all(
+        (0..50).map(|_| run.client.order(tenant, "the-same-key", "c-1", &sku, 1)),
+    )
+    .await;
+    let ids: Vec<i64> = ids.into_iter().collect::<anyhow::Result<_>>()?;
+    let mut violations = vec![];
+    if ids.iter().any(|id| *id != ids[0]) {
+        violations.push(format!(
+            "I3: one key answered with different orders: {ids:?}"
+        ));
+    }
+    let n = orders_of(&run.dbs, tenant).await;
+    if n != 1 {
+        violations.push(format!("I3: 50 identical POSTs made {n} orders"));
+    }
+    Ok((
+        "50 concurrent POSTs, one Idempotency-Key".into(),
+        violations,
+    ))
+}
+
+async fn api_killed_under_retries(
+    run: &mut Run,
+    tenant: i64,
+) -> anyhow::Result<(String, Vec<String>)> {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    let (client, cluster, dbs) = (&run.client, &mut run.cluster, &run.dbs);
+    // The clients retry every key until answered, across the crash.
+    let (placed, restarted) = tokio::join!(client.orders(tenant, 20), async {
+        wait_until(Duration::from_secs(30), "orders flowing", || async {
+            orders_of(dbs, tenant).await >= 3
+        })
+        .await;
+        cluster.kill9("orders-api");
+        cluster.start("orders-api", None)
+    });
+    restarted?;
+    let ids = placed?;
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let n = orders_of(&run.dbs, tenant).await;
+    let mut violations = vec![];
+    if n != 20 || distinct.len() != 20 {
+        violations.push(format!(
+            "I3: 20 keys, retried across a crash, made {n} orders ({} distinct answers)",
+            distinct.len()
+        ));
+    }
+    Ok((
+        "kill -9 orders serve; clients retry their keys".into(),
+        violations,
+    ))
+}

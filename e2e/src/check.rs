@@ -1,0 +1,223 @@
+//! The checker: after the system has gone quiet, the invariants of
+//! shared/design.md read from the databases, the queues and the provider.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use sqlx::PgPool;
+
+/// The owner pools of the four service databases.
+#[derive(Clone)]
+pub struct Dbs {
+    pub orders: PgPool,
+    pub inventory: PgPool,
+    pub payments: PgPool,
+    pub projection: PgPool,
+}
+
+/// What one scenario's orders came to; `violations` empty means it held.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub orders: usize,
+    pub confirmed: usize,
+    pub cancelled: usize,
+    pub events: usize,
+    pub violations: Vec<String>,
+}
+
+/// Which consumer (in which database) must apply each (source, event type).
+fn subscribers(source: &str, event_type: &str) -> &'static [(&'static str, Db)] {
+    use Db::*;
+    match (source, event_type) {
+        ("orders", "OrderPlaced" | "OrderConfirmed" | "OrderCancelled") => &[
+            ("inventory.stock", Inventory),
+            ("projection.views", Projection),
+        ],
+        ("inventory", "InventoryReserved") => &[
+            ("payments.charges", Payments),
+            ("projection.views", Projection),
+        ],
+        ("inventory", "InventoryRejected") => {
+            &[("orders.saga", Orders), ("projection.views", Projection)]
+        }
+        ("payments", "PaymentCaptured" | "PaymentFailed") => {
+            &[("orders.saga", Orders), ("projection.views", Projection)]
+        }
+        ("payments", "RefundIssued") | ("inventory", "StockAdjusted") => {
+            &[("projection.views", Projection)]
+        }
+        // An event type with no subscriber would be returned as unroutable.
+        _ => &[("(no subscriber)", Projection)],
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Db {
+    Orders,
+    Inventory,
+    Payments,
+    Projection,
+}
+
+impl Dbs {
+    fn pool(&self, db: Db) -> &PgPool {
+        match db {
+            Db::Orders => &self.orders,
+            Db::Inventory => &self.inventory,
+            Db::Payments => &self.payments,
+            Db::Projection => &self.projection,
+        }
+    }
+
+    /// Nothing left to do anywhere: outboxes drained, payments and refunds settled.
+    pub async fn quiet(&self) -> anyhow::Result<bool> {
+        for pool in [&self.orders, &self.inventory, &self.payments] {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL",
+            )
+            .fetch_one(pool)
+            .await?;
+            if pending > 0 {
+                return Ok(false);
+            }
+        }
+        let open: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM payments WHERE status = 'pending') + (SELECT count(*) FROM refunds WHERE status = 'pending')",
+        )
+        .fetch_one(&self.payments)
+        .await?;
+        let undecided: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'pending'")
+                .fetch_one(&self.orders)
+                .await?;
+        Ok(open == 0 && undecided == 0)
+    }
+
+    /// Checks every invariant for `tenant`'s data. `charges` is the
+    /// provider's count of charges per idempotency key.
+    pub async fn check(
+        &self,
+        tenant: i64,
+        charges: &HashMap<String, u64>,
+    ) -> anyhow::Result<Verdict> {
+        let mut v = Verdict::default();
+        // I6: every accepted order terminal.
+        let orders: Vec<(i64, String)> =
+            sqlx::query_as("SELECT order_id, status FROM orders WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_all(&self.orders)
+                .await?;
+        v.orders = orders.len();
+        for (id, status) in &orders {
+            match status.as_str() {
+                "confirmed" => v.confirmed += 1,
+                "cancelled" => v.cancelled += 1,
+                other => v.violations.push(format!("I6: order {id} is {other}")),
+            }
+        }
+        // I4: at most one charge per payment; confirmed ⇔ captured.
+        let payments: Vec<(i64, i64, String)> = sqlx::query_as(
+            "SELECT payment_id, order_id, status FROM payments WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&self.payments)
+        .await?;
+        let captured: BTreeSet<i64> = payments
+            .iter()
+            .filter(|p| p.2 == "captured")
+            .map(|p| p.1)
+            .collect();
+        for (payment_id, order_id, status) in &payments {
+            let n = charges
+                .get(&format!("pay-{tenant}-{payment_id}"))
+                .copied()
+                .unwrap_or(0);
+            if n > 1 {
+                v.violations.push(format!(
+                    "I4: payment {payment_id} (order {order_id}) charged {n} times"
+                ));
+            }
+            if status == "captured" && n != 1 {
+                v.violations.push(format!(
+                    "I4: payment {payment_id} captured but the provider charged {n} times"
+                ));
+            }
+        }
+        for (id, status) in &orders {
+            if status == "confirmed" && !captured.contains(id) {
+                v.violations.push(format!(
+                    "I4: order {id} confirmed without a captured payment"
+                ));
+            }
+            if status == "cancelled" && captured.contains(id) {
+                v.violations.push(format!(
+                    "I4: order {id} cancelled but its payment was captured"
+                ));
+            }
+        }
+        // I5: stock never negative, nothing left reserved once all is decided.
+        let stock: Vec<(String, i64, i64)> =
+            sqlx::query_as("SELECT sku, on_hand, reserved FROM products WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_all(&self.inventory)
+                .await?;
+        for (sku, on_hand, reserved) in &stock {
+            if on_hand - reserved < 0 || *reserved != 0 {
+                v.violations
+                    .push(format!("I5: {sku} on_hand {on_hand} reserved {reserved}"));
+            }
+        }
+        // I1/I2: every committed event applied by every subscriber (the
+        // dedup record is the proof of application, at most once by key).
+        for (source, pool) in [
+            ("orders", &self.orders),
+            ("inventory", &self.inventory),
+            ("payments", &self.payments),
+        ] {
+            let events: Vec<(i64, String)> =
+                sqlx::query_as("SELECT id, event_type FROM outbox_messages WHERE tenant_id = $1")
+                    .bind(tenant)
+                    .fetch_all(pool)
+                    .await?;
+            v.events += events.len();
+            let mut applied: HashMap<&str, BTreeSet<i64>> = HashMap::new();
+            for (id, event_type) in &events {
+                for (consumer, db) in subscribers(source, event_type) {
+                    if !applied.contains_key(consumer) {
+                        let ids: Vec<i64> = sqlx::query_scalar(
+                            "SELECT message_id FROM processed_messages WHERE tenant_id = $1 AND consumer = $2 AND source = $3",
+                        )
+                        .bind(tenant)
+                        .bind(*consumer)
+                        .bind(source)
+                        .fetch_all(self.pool(*db))
+                        .await?;
+                        applied.insert(consumer, ids.into_iter().collect());
+                    }
+                    if !applied[consumer].contains(id) {
+                        v.violations.push(format!(
+                            "I1: {source} event {id} ({event_type}) never applied by {consumer}"
+                        ));
+                    }
+                }
+            }
+        }
+        // The projection agrees with the orders service.
+        let views: BTreeMap<i64, String> = sqlx::query_as::<_, (i64, String)>(
+            "SELECT order_id, status FROM order_views WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&self.projection)
+        .await?
+        .into_iter()
+        .collect();
+        for (id, status) in &orders {
+            if views.get(id) != Some(status) {
+                v.violations.push(format!(
+                    "projection: order {id} is {:?}, orders says {status}",
+                    views.get(id)
+                ));
+            }
+        }
+        Ok(v)
+    }
+}

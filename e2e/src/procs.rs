@@ -1,0 +1,176 @@
+//! Real processes for the e2e runner: each service role runs as its own
+//! process so one part can be killed (`kill -9`) and restarted alone, or
+//! started with a fail point that aborts it at an exact place.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use reliability::testing::wait_until;
+
+/// One process of the stack.
+pub struct Proc {
+    pub name: String,
+    bin: PathBuf,
+    args: Vec<String>,
+    /// Port of its `/readyz`, for the roles that serve HTTP.
+    pub http: Option<u16>,
+    child: Option<Child>,
+    /// Times it was started (restarts included).
+    pub starts: u32,
+}
+
+/// The whole stack as processes, all sharing one environment.
+pub struct Cluster {
+    pub procs: BTreeMap<String, Proc>,
+    env: Vec<(String, String)>,
+    logs: PathBuf,
+}
+
+impl Cluster {
+    pub fn new(env: Vec<(String, String)>, logs: PathBuf) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&logs)?;
+        Ok(Self {
+            procs: BTreeMap::new(),
+            env,
+            logs,
+        })
+    }
+
+    /// Registers `name` = `bin args…` (not started).
+    pub fn add(&mut self, name: &str, bin: PathBuf, args: &[&str], http: Option<u16>) {
+        let p = Proc {
+            name: name.to_owned(),
+            bin,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            http,
+            child: None,
+            starts: 0,
+        };
+        self.procs.insert(name.to_owned(), p);
+    }
+
+    /// Starts `name`, with `fail_points` (e.g. `relay.after_confirm=abort`) if given.
+    pub fn start(&mut self, name: &str, fail_points: Option<&str>) -> anyhow::Result<()> {
+        let log = self.log(name)?;
+        let p = self.procs.get_mut(name).context("no such process")?;
+        let mut cmd = Command::new(&p.bin);
+        cmd.args(&p.args)
+            .envs(self.env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        cmd.env("RELIABILITY_FAILPOINTS", fail_points.unwrap_or(""));
+        p.child = Some(
+            cmd.spawn()
+                .with_context(|| format!("start {}", p.bin.display()))?,
+        );
+        p.starts += 1;
+        Ok(())
+    }
+
+    pub fn start_all(&mut self) -> anyhow::Result<()> {
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for name in names {
+            self.start(&name, None)?;
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, as `kill -9`: no cleanup, no goodbye to the broker.
+    pub fn kill9(&mut self, name: &str) {
+        if let Some(mut child) = self.procs.get_mut(name).and_then(|p| p.child.take()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether `name` has exited (a fail point aborted it, say).
+    pub fn exited(&mut self, name: &str) -> bool {
+        match self.procs.get_mut(name).and_then(|p| p.child.as_mut()) {
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// Waits until `name` died by itself.
+    pub async fn wait_exit(&mut self, name: &str, deadline: Duration) {
+        let start = std::time::Instant::now();
+        while !self.exited(name) {
+            assert!(
+                start.elapsed() < deadline,
+                "{name} did not exit within {deadline:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every HTTP role answers `/readyz` and every process lives.
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let http = reqwest::Client::new();
+        let ports: Vec<(String, u16)> = self
+            .procs
+            .values()
+            .filter_map(|p| p.http.map(|port| (p.name.clone(), port)))
+            .collect();
+        for (name, port) in ports {
+            wait_until(
+                Duration::from_secs(60),
+                &format!("{name} ready on :{port}"),
+                || async {
+                    http.get(format!("http://127.0.0.1:{port}/readyz"))
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                },
+            )
+            .await;
+        }
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for name in names {
+            anyhow::ensure!(
+                !self.exited(&name),
+                "{name} exited; see {}",
+                self.logs.join(format!("{name}.log")).display()
+            );
+        }
+        Ok(())
+    }
+
+    pub fn stop_all(&mut self) {
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for name in names {
+            if let Some(mut child) = self.procs.get_mut(&name).and_then(|p| p.child.take()) {
+                // SIGTERM first: the graceful path; then make sure.
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(child.id().to_string())
+                    .status();
+                for _ in 0..50 {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    fn log(&self, name: &str) -> anyhow::Result<File> {
+        Ok(OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("{name}.log")))?)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
