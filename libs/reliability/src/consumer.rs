@@ -288,11 +288,16 @@ impl<H: Handler> Consumer<H> {
             )
             .await?;
         tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, "consumer connected");
-        let mut gauges = tokio::time::interval(Duration::from_secs(5));
+        let mut gauges = tokio::time::interval(Duration::from_secs(2));
         loop {
             let delivery = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 _ = gauges.tick() => {
+                    // A connection can die without the delivery stream ending:
+                    // never sit on a dead channel.
+                    if !channel.status().connected() || !conn.status().connected() {
+                        return Err(Error::Config("consumer channel closed".into()));
+                    }
                     let dlq = broker::dead_letter_queue(&self.config.queue.queue);
                     if let Ok(depth) = broker::queue_depth(&channel, &dlq).await {
                         metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));

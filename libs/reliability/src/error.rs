@@ -4,15 +4,15 @@ use std::time::Duration;
 /// broker outage from a database one, or an injected crash from either.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("database error")]
+    #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("migration failed")]
+    #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("broker error")]
+    #[error("broker error: {0}")]
     Broker(#[from] lapin::Error),
     #[error("broker did not answer within {0:?}")]
     BrokerTimeout(Duration),
-    #[error("message could not be encoded or decoded")]
+    #[error("message could not be encoded or decoded: {0}")]
     Json(#[from] serde_json::Error),
     /// A fail point configured to crash fired; the caller must stop as a
     /// crashed process would, without cleaning up.
