@@ -20,10 +20,14 @@ test: test-clean ## run every test against the real PostgreSQL and RabbitMQ
 	  cargo test --workspace --all-targets --all-features --locked; \
 	fi
 
-test-clean: ## drop test databases left by interrupted test runs
+test-clean: ## drop test databases and queues left by interrupted test runs
 	@if command -v psql >/dev/null; then \
 	  psql "$(DATABASE_URL)" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'reltest\_%'" \
 	  | while read -r db; do psql "$(DATABASE_URL)" -qc "DROP DATABASE IF EXISTS $$db WITH (FORCE)"; done; \
+	fi
+	@if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then \
+	  queues=$$(timeout 120 rabbitmqctl -q list_queues name | grep '^reltest\.' || true); \
+	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- delete-queues $$queues; fi; \
 	fi
 
 lint: ## rustfmt check and clippy with warnings as errors

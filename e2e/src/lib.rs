@@ -171,6 +171,16 @@ impl Stack {
 
     pub async fn stop(self) {
         self.stop.cancel();
+        let queues: Vec<String> = [
+            "orders.saga",
+            "inventory.stock",
+            "payments.charges",
+            "projection.views",
+        ]
+        .iter()
+        .map(|name| format!("{}{name}", self.common.queue_prefix))
+        .collect();
+        reliability::testing::delete_broker_objects(&queues, &self.common.exchange).await;
         for db in [
             self.dbs.orders,
             self.dbs.inventory,

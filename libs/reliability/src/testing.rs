@@ -357,3 +357,32 @@ pub async fn wait_for_queues(queues: &[String]) {
     }
     let _ = conn.close(200, "queues seen".into()).await;
 }
+
+/// Deletes a test's queues (with their DLQs) and exchange (with its DLX).
+/// Quorum queues are Raft groups: left behind, hundreds of them slow the
+/// whole broker down.
+pub async fn delete_broker_objects(queues: &[String], exchange: &str) {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let Ok(conn) = crate::broker::connect(&amqp_url(), "reliability-tests-cleanup").await else {
+        return;
+    };
+    let Ok(channel) = conn.create_channel().await else {
+        return;
+    };
+    for queue in queues {
+        for name in [queue.clone(), crate::broker::dead_letter_queue(queue)] {
+            let _ = channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    for name in [
+        exchange.to_owned(),
+        crate::broker::dead_letter_exchange(exchange),
+    ] {
+        let _ = channel
+            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "cleaned up".into()).await;
+}

@@ -132,6 +132,17 @@ enum Command {
         #[arg(long)]
         key: String,
     },
+    /// Delete queues by name (each with its `.dlq`), e.g. leftovers of
+    /// interrupted test runs: `rabbitmqctl -q list_queues name | grep … | xargs reliability delete-queues`.
+    DeleteQueues {
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
+        amqp_url: String,
+        queues: Vec<String>,
+    },
     /// Run archival, partition upkeep and key cleanup once.
     Maintenance {
         #[arg(long, env = "OWNER_DATABASE_URL")]
@@ -208,6 +219,19 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(PgConnectOptions::from_str(&database_url)?, 1).await?;
             let purged = relay::purge_dlq(&pool, (!all).then_some(ids.as_slice())).await?;
             println!("purged {purged} outbox DLQ row(s)");
+        }
+        Command::DeleteQueues { amqp_url, queues } => {
+            let conn = broker::connect(&amqp_url, "reliability-cli").await?;
+            let channel = conn.create_channel().await?;
+            for q in &queues {
+                channel
+                    .queue_delete(
+                        q.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    )
+                    .await?;
+            }
+            println!("deleted {} queue(s)", queues.len());
         }
         Command::DlqPurge { amqp_url, queue } => {
             let conn = broker::connect(&amqp_url, "reliability-cli").await?;

@@ -11,6 +11,8 @@ struct TestApp {
     api: ApiClient,
     db: TestDb,
     stop: ShutdownToken,
+    queue: String,
+    exchange: String,
 }
 
 impl TestApp {
@@ -22,13 +24,15 @@ impl TestApp {
         common.queue_prefix = format!("{}.", common.exchange);
         let jwt = common.jwt_keys();
         let common_prefix = common.queue_prefix.clone();
+        let exchange = common.exchange.clone();
         let settings = Settings { role: Role::All, port: 0, database_url: String::new(), common };
         let stop = ShutdownToken::new();
         let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
-        reliability::testing::wait_for_queues(&[format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER)]).await;
-        Self { api, db, stop }
+        let queue = format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER);
+        reliability::testing::wait_for_queues(std::slice::from_ref(&queue)).await;
+        Self { api, db, stop, queue, exchange }
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
@@ -37,6 +41,7 @@ impl TestApp {
 
     async fn stop(self) {
         self.stop.cancel();
+        reliability::testing::delete_broker_objects(&[self.queue.clone()], &self.exchange).await;
         self.db.cleanup().await;
     }
 }
