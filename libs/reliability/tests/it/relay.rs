@@ -17,6 +17,21 @@ use crate::support::{
     AddingHandler, Broker, DEADLINE, create_effects_table, effects, enqueue_added, tenant,
 };
 
+/// Runs `relay` in the background until the returned token is cancelled.
+fn spawn_relay(
+    relay: Relay,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<reliability::Result<()>>,
+) {
+    let stop = CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    (stop, running)
+}
+
 fn config(broker: &Broker) -> RelayConfig {
     RelayConfig::new("svc", &broker.exchange)
 }
@@ -285,11 +300,7 @@ async fn rows_stay_pending_while_the_broker_is_down_and_drain_when_it_returns() 
     cfg.backoff_step = Duration::from_millis(200);
     cfg.confirm_timeout = Duration::from_secs(2);
     let relay = Relay::new(db.relay.clone(), &proxy.amqp_url(), cfg);
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let (stop, running) = spawn_relay(relay);
     enqueue_added(&db, 1, "before", 1).await;
     wait_until(DEADLINE, "first event published", || async {
         broker.depth(&queue).await == 1
@@ -343,11 +354,7 @@ async fn the_relay_wakes_on_commit_instead_of_waiting_for_the_poll() {
     let mut cfg = config(&broker);
     cfg.poll_interval = Duration::from_secs(3600);
     let relay = Relay::new(db.relay.clone(), &amqp_url(), cfg);
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let (stop, running) = spawn_relay(relay);
     // The first batch runs at start-up; wait until the relay sits idle on LISTEN.
     enqueue_added(&db, 1, "first", 1).await;
     wait_until(DEADLINE, "first event published", || async {
@@ -376,11 +383,7 @@ async fn the_relay_reconnects_after_the_database_goes_away() {
     let proxy = TcpProxy::start(postgres_addr()).await;
     let relay_pool = db.pool_via(reliability::db::RELAY_ROLE, proxy.addr).await;
     let relay = Relay::new(relay_pool, &amqp_url(), config(&broker));
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
+    let (stop, running) = spawn_relay(relay);
     enqueue_added(&db, 1, "before", 1).await;
     wait_until(DEADLINE, "first event published", || async {
         broker.depth(&queue).await == 1
