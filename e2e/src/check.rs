@@ -21,6 +21,10 @@ pub struct Verdict {
     pub confirmed: usize,
     pub cancelled: usize,
     pub events: usize,
+    /// Duplicate deliveries the consumers absorbed (I2 at work, not a failure).
+    pub duplicates: i64,
+    /// Messages in the consumer DLQs plus rows in the outbox DLQ tables.
+    pub dead_letters: u32,
     pub violations: Vec<String>,
 }
 
@@ -200,6 +204,20 @@ impl Dbs {
                     }
                 }
             }
+        }
+        for pool in [
+            &self.orders,
+            &self.inventory,
+            &self.payments,
+            &self.projection,
+        ] {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(duplicate_count), 0)::bigint FROM consumer_offsets WHERE tenant_id = $1",
+            )
+            .bind(tenant)
+            .fetch_one(pool)
+            .await?;
+            v.duplicates += n;
         }
         // The projection agrees with the orders service.
         let views: BTreeMap<i64, String> = sqlx::query_as::<_, (i64, String)>(

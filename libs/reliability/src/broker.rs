@@ -16,12 +16,29 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 
+use crate::failpoint::{self, FailPoints};
 use crate::{Error, Result};
 
 /// Connects with a name that shows in the management UI.
 pub async fn connect(url: &str, name: &str) -> Result<Connection> {
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    Ok(Connection::connect(url, props).await?)
+    bounded(Connection::connect(url, props)).await
+}
+
+/// How long any single broker call may take before the connection is
+/// treated as dead. Over a connection reset mid-call, lapin can leave a
+/// call's promise pending forever (seen in e2e after `rabbitmqctl stop_app`),
+/// so every call on a long-lived connection goes through [`bounded`].
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Awaits a broker call for at most [`CALL_TIMEOUT`].
+pub async fn bounded<T, E: Into<Error>>(
+    call: impl Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(Error::BrokerTimeout(CALL_TIMEOUT)),
+    }
 }
 
 pub fn dead_letter_exchange(exchange: &str) -> String {
@@ -185,6 +202,7 @@ pub struct Publisher {
     channel: Channel,
     exchange: String,
     confirm_timeout: Duration,
+    fail_points: FailPoints,
 }
 
 impl Publisher {
@@ -193,16 +211,22 @@ impl Publisher {
         exchange: &str,
         confirm_timeout: Duration,
     ) -> Result<Self> {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions { nowait: false })
-            .await?;
-        declare_exchange(&channel, exchange).await?;
+        let channel = bounded(connection.create_channel()).await?;
+        bounded(channel.confirm_select(ConfirmSelectOptions { nowait: false })).await?;
+        bounded(declare_exchange(&channel, exchange)).await?;
         Ok(Self {
             channel,
             exchange: exchange.to_owned(),
             confirm_timeout,
+            fail_points: FailPoints::none(),
         })
+    }
+
+    /// Arms `relay.before_confirm` (between the publishes and their confirms).
+    #[must_use]
+    pub fn with_fail_points(mut self, fail_points: FailPoints) -> Self {
+        self.fail_points = fail_points;
+        self
     }
 
     /// False once the channel or its connection has closed (e.g. after
@@ -213,8 +237,16 @@ impl Publisher {
 
     /// Publishes every message, then awaits all confirms together: one round
     /// trip per batch instead of one per message. The result for message `i`
-    /// is at index `i`.
+    /// is at index `i`. The whole batch, publishes included, is bounded by
+    /// the confirm timeout: a dead connection must not hold the claim forever.
     pub async fn publish_batch(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
+        match tokio::time::timeout(self.confirm_timeout, self.publish_all(messages)).await {
+            Ok(results) => results,
+            Err(_) => vec![Err(PublishFailure::Timeout(self.confirm_timeout)); messages.len()],
+        }
+    }
+
+    async fn publish_all(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
             let props = BasicProperties::default()
@@ -238,6 +270,16 @@ impl Publisher {
                 .await;
             pending.push(sent);
         }
+        if self
+            .fail_points
+            .check(failpoint::RELAY_BEFORE_CONFIRM)
+            .is_err()
+        {
+            return vec![
+                Err(PublishFailure::Broker("fail point before confirm".into()));
+                messages.len()
+            ];
+        }
         let confirms = join_all(pending.into_iter().enumerate().map(|(i, sent)| async move {
             let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
             match confirm.await {
@@ -252,10 +294,7 @@ impl Publisher {
                 Err(e) => Err(PublishFailure::Broker(e.to_string())),
             }
         }));
-        match tokio::time::timeout(self.confirm_timeout, confirms).await {
-            Ok(results) => results,
-            Err(_) => vec![Err(PublishFailure::Timeout(self.confirm_timeout)); messages.len()],
-        }
+        confirms.await
     }
 }
 

@@ -205,8 +205,23 @@ impl<H: Handler> Consumer<H> {
         .rows_affected()
             == 1;
         if !fresh {
-            tx.rollback().await?;
+            // Counted so that absorbed duplicates show; the handler never runs.
+            sqlx::query(
+                "UPDATE consumer_offsets SET duplicate_count = duplicate_count + 1
+                 WHERE tenant_id = $1 AND consumer = $2 AND source = $3",
+            )
+            .bind(tenant.get())
+            .bind(&self.config.name)
+            .bind(&event.source)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
             return Ok(Outcome::Duplicate);
+        }
+        if let Err(Error::FailPoint(name)) =
+            self.config.fail_points.check(failpoint::CONSUMER_HANDLER)
+        {
+            return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
         }
         self.handler.handle(&mut tx, event).await?;
         // Last, so the hot per-tenant row is locked only until the commit.
@@ -263,30 +278,28 @@ impl<H: Handler> Consumer<H> {
         let result = self.consume(&conn, shutdown).await;
         // Closing hands unacked deliveries back to the broker now rather than
         // at the heartbeat timeout; after a simulated crash too.
-        let _ = conn.close(200, "consumer stopped".into()).await;
+        let _ = broker::bounded(conn.close(200, "consumer stopped".into())).await;
         result
     }
 
     async fn consume(&self, conn: &lapin::Connection, shutdown: &CancellationToken) -> Result<()> {
-        let channel = conn.create_channel().await?;
-        broker::declare_queue(&channel, &self.config.queue).await?;
-        channel
-            .basic_qos(self.config.prefetch, BasicQosOptions { global: false })
+        let channel = broker::bounded(conn.create_channel()).await?;
+        broker::bounded(broker::declare_queue(&channel, &self.config.queue)).await?;
+        broker::bounded(channel.basic_qos(self.config.prefetch, BasicQosOptions { global: false }))
             .await?;
         let tag = format!("{}-{}", self.config.name, uuid::Uuid::new_v4());
-        let mut deliveries = channel
-            .basic_consume(
-                self.config.queue.queue.as_str().into(),
-                tag.as_str().into(),
-                BasicConsumeOptions {
-                    no_local: false,
-                    no_ack: false, // ack only after the commit
-                    exclusive: false,
-                    nowait: false,
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let mut deliveries = broker::bounded(channel.basic_consume(
+            self.config.queue.queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions {
+                no_local: false,
+                no_ack: false, // ack only after the commit
+                exclusive: false,
+                nowait: false,
+            },
+            FieldTable::default(),
+        ))
+        .await?;
         tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, "consumer connected");
         let mut gauges = tokio::time::interval(Duration::from_secs(2));
         loop {
@@ -299,7 +312,7 @@ impl<H: Handler> Consumer<H> {
                         return Err(Error::Config("consumer channel closed".into()));
                     }
                     let dlq = broker::dead_letter_queue(&self.config.queue.queue);
-                    if let Ok(depth) = broker::queue_depth(&channel, &dlq).await {
+                    if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
                         metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));
                     }
                     continue;
@@ -352,7 +365,7 @@ impl<H: Handler> Consumer<H> {
                     self.config
                         .fail_points
                         .check(failpoint::CONSUMER_AFTER_COMMIT)?;
-                    delivery.ack(BasicAckOptions { multiple: false }).await?;
+                    broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
                     let (label, counter) = match outcome {
                         Outcome::Applied => ("applied", &self.stats.applied),
                         Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
@@ -393,9 +406,7 @@ impl<H: Handler> Consumer<H> {
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &'static str) -> Result<()> {
-        delivery
-            .reject(BasicRejectOptions { requeue: false })
-            .await?;
+        broker::bounded(delivery.reject(BasicRejectOptions { requeue: false })).await?;
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("consumer_dead_lettered_total", "consumer" => self.config.name.clone(), "reason" => reason)
             .increment(1);
@@ -433,13 +444,14 @@ pub struct OffsetRow {
     pub tenant_id: i64,
     pub last_seen_id: i64,
     pub applied_count: i64,
+    pub duplicate_count: i64,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Every offset row, or one consumer's (as the owner role).
 pub async fn offsets(owner: &PgPool, consumer: Option<&str>) -> Result<Vec<OffsetRow>> {
     Ok(sqlx::query_as(
-        "SELECT consumer, source, tenant_id, last_seen_id, applied_count, updated_at
+        "SELECT consumer, source, tenant_id, last_seen_id, applied_count, duplicate_count, updated_at
          FROM consumer_offsets WHERE $1::text IS NULL OR consumer = $1
          ORDER BY consumer, source, tenant_id",
     )

@@ -21,6 +21,11 @@ use crate::{Error, Result};
 pub const RELAY_AFTER_CONFIRM: &str = "relay.after_confirm";
 /// Relay: the batch is claimed; nothing published yet.
 pub const RELAY_BEFORE_PUBLISH: &str = "relay.before_publish";
+/// Relay: the batch is published; the broker's confirms not yet awaited.
+pub const RELAY_BEFORE_CONFIRM: &str = "relay.before_confirm";
+/// Consumer: the handler fails (`error`: a transient failure, retried and
+/// then dead-lettered, the way a handler with a bug fails).
+pub const CONSUMER_HANDLER: &str = "consumer.handler";
 /// Consumer: the handler ran inside the transaction; not committed.
 pub const CONSUMER_BEFORE_COMMIT: &str = "consumer.before_commit";
 /// Consumer: committed; the delivery not yet acked.

@@ -121,7 +121,11 @@ impl Relay {
     pub async fn publisher(&self) -> Result<Publisher> {
         let conn =
             broker::connect(&self.amqp_url, &format!("{}-relay", self.config.source)).await?;
-        Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout).await
+        Ok(
+            Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout)
+                .await?
+                .with_fail_points(self.config.fail_points.clone()),
+        )
     }
 
     /// Claims, publishes and marks one batch of due rows.

@@ -109,6 +109,12 @@ pub struct CommonSettings {
     /// on one broker keep theirs apart with it).
     #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
     pub queue_prefix: String,
+    /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
+    #[arg(long, env = "RELAY_BACKOFF_MS", default_value_t = 30_000)]
+    pub relay_backoff_ms: u64,
+    /// Failed publishes after which an outbox row moves to the DLQ table.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10)]
+    pub relay_max_attempts: i32,
     /// Print the service's OpenAPI document and exit.
     #[arg(long)]
     pub openapi: bool,
@@ -129,6 +135,8 @@ impl CommonSettings {
             owner_database_url: None,
             fail_points: String::new(),
             queue_prefix: String::new(),
+            relay_backoff_ms: 30_000,
+            relay_max_attempts: 10,
             openapi: false,
             bind_address: "127.0.0.1".into(),
         }
@@ -314,6 +322,8 @@ impl Tasks {
     ) -> Result<()> {
         let mut config = RelayConfig::new(source, &common.exchange);
         config.fail_points = common.fail_points()?;
+        config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
+        config.max_attempts = common.relay_max_attempts;
         let relay = Relay::new(dbs.relay.clone(), &common.amqp_url, config);
         let stop = self.shutdown.clone();
         self.spawn("relay", async move { relay.run(stop).await });

@@ -81,7 +81,15 @@ async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error>
         Err(e @ Error::Invalid(_)) => return Ok(req.reject(e.api()).await?),
         Err(e) => return Err(e),
     };
-    let view = insert_order(&mut req.tx, &order).await?;
+    let view = place(&mut req.tx, &order).await?;
+    Ok(req.complete(StatusCode::CREATED, &view).await?)
+}
+
+/// Inserts `order` and its `OrderPlaced` event in the caller's transaction:
+/// both commit or neither (I1). Public for the e2e suite, which holds such a
+/// transaction open to commit an early outbox id late.
+pub async fn place(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Error> {
+    let view = insert_order(tx, order).await?;
     let placed = contracts::OrderPlaced {
         order_id: view.order_id,
         customer_id: view.customer_id.clone(),
@@ -98,7 +106,7 @@ async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error>
             .collect(),
     };
     outbox::enqueue(
-        &mut req.tx,
+        tx,
         &NewEvent::new(
             aggregate::ORDER,
             view.order_id,
@@ -112,7 +120,7 @@ async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error>
         total_cents = view.total_cents,
         "order placed"
     );
-    Ok(req.complete(StatusCode::CREATED, &view).await?)
+    Ok(view)
 }
 
 #[utoipa::path(get, path = "/orders/{order_id}", tag = "orders",

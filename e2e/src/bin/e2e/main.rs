@@ -29,12 +29,16 @@ const CONSUMERS: [&str; 4] = [
     "payments.charges",
     "projection.views",
 ];
-const QUIET: Duration = Duration::from_secs(60);
+const QUIET: Duration = Duration::from_secs(120);
 
 struct Run {
     cluster: Cluster,
     dbs: Dbs,
     client: Client,
+    /// Poison the scenarios injected on purpose: expected DLQ depth per
+    /// consumer DLQ, and rows expected in the outbox DLQ tables.
+    poison: HashMap<String, u32>,
+    outbox_poison: i64,
 }
 
 /// A client of the stack that retries like a real one.
@@ -50,23 +54,21 @@ struct Row {
     secs: f64,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let started = Instant::now();
-    let mut run = setup().await?;
-    println!(
-        "stack up in {:.1}s; running scenarios",
-        started.elapsed().as_secs_f64()
-    );
-    type Scenario = (
-        &'static str,
-        fn(
-            &mut Run,
-            i64,
-        ) -> futures_util::future::BoxFuture<'_, anyhow::Result<(String, Vec<String>)>>,
-    );
-    let scenarios: Vec<Scenario> = vec![
-        ("baseline", |r, t| Box::pin(baseline(r, t))),
+mod faults;
+mod hostile;
+
+type Outcome = anyhow::Result<(String, Vec<String>)>;
+type Scenario = (
+    &'static str,
+    fn(&mut Run, i64) -> futures_util::future::BoxFuture<'_, Outcome>,
+);
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        (
+            "baseline: stock, orders, too many units, unknown sku",
+            |r, t| Box::pin(baseline(r, t)),
+        ),
         ("relay aborts after confirm, before mark", |r, t| {
             Box::pin(crash_with_fail_point(
                 r,
@@ -75,9 +77,29 @@ async fn main() -> anyhow::Result<()> {
                 "relay.after_confirm=abort",
             ))
         }),
+        ("relay aborts after publish, before the confirm", |r, t| {
+            Box::pin(crash_with_fail_point(
+                r,
+                t,
+                "orders-relay",
+                "relay.before_confirm=abort",
+            ))
+        }),
         ("relay kill -9 mid-flow", |r, t| {
             Box::pin(kill_mid_flow(r, t, "orders-relay"))
         }),
+        (
+            "three orders relays and two inventory relays at once",
+            |r, t| Box::pin(faults::many_relays(r, t)),
+        ),
+        (
+            "an earlier outbox id commits after later ones are consumed",
+            |r, t| Box::pin(faults::late_commit(r, t)),
+        ),
+        (
+            "unroutable event: backoff, then the outbox DLQ table",
+            |r, t| Box::pin(faults::unroutable(r, t)),
+        ),
         ("consumer aborts after commit, before ack", |r, t| {
             Box::pin(crash_with_fail_point(
                 r,
@@ -102,30 +124,76 @@ async fn main() -> anyhow::Result<()> {
                 "payments.after_provider=abort",
             ))
         }),
-        ("broker restart with 50 orders in flight", |r, t| {
-            Box::pin(broker_restart(r, t))
+        ("provider charges, then times out or fails", |r, t| {
+            Box::pin(faults::provider_charges_then_fails(r, t))
+        }),
+        ("broker restart with 1000 orders in flight", |r, t| {
+            Box::pin(faults::broker_restart(r, t))
+        }),
+        ("PostgreSQL restart -m immediate under load", |r, t| {
+            Box::pin(faults::postgres_restart(r, t))
         }),
         ("duplicate storm: every event re-published twice", |r, t| {
             Box::pin(duplicate_storm(r, t))
         }),
+        (
+            "reordered delivery: projection gets each order backwards",
+            |r, t| Box::pin(faults::reordered(r, t)),
+        ),
+        (
+            "poison: malformed, unknown version, failing handler",
+            |r, t| Box::pin(faults::poison(r, t)),
+        ),
         ("50 concurrent identical POSTs", |r, t| {
             Box::pin(identical_posts(r, t))
         }),
+        (
+            "Idempotency-Key rules: other body, bad keys, replays",
+            |r, t| Box::pin(hostile::key_rules(r, t)),
+        ),
         ("orders API kill -9 under client retries", |r, t| {
             Box::pin(api_killed_under_retries(r, t))
         }),
-    ];
+        ("20 orders race for 10 units", |r, t| {
+            Box::pin(faults::race(r, t))
+        }),
+        (
+            "tenants: cross-tenant reads and writes, RLS wall",
+            |r, t| Box::pin(hostile::cross_tenant(r, t)),
+        ),
+        ("hostile input: tokens, bodies, sizes, ranges", |r, t| {
+            Box::pin(hostile::bad_input(r, t))
+        }),
+    ]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut run = setup().await?;
+    println!(
+        "stack up in {:.1}s; running scenarios (logs in .run/e2e/)",
+        started.elapsed().as_secs_f64()
+    );
     // `E2E_ONLY=broker` runs the scenarios whose name contains "broker".
     let only = std::env::var("E2E_ONLY").ok();
     let mut rows = Vec::new();
-    for (i, (name, scenario)) in scenarios.into_iter().enumerate() {
+    for (i, (name, scenario)) in scenarios().into_iter().enumerate() {
         let tenant = i as i64 + 1;
         if only.as_deref().is_some_and(|o| !name.contains(o)) {
             continue;
         }
         let t0 = Instant::now();
         println!("-- {name} (tenant {tenant})");
-        let (faults, extra) = scenario(&mut run, tenant).await?;
+        let (faults, extra) = match scenario(&mut run, tenant).await {
+            Ok(outcome) => outcome,
+            // A scenario that could not even drive its traffic is a failure
+            // of the system under test, not of the runner: report, go on.
+            Err(e) => (
+                "(scenario aborted)".into(),
+                vec![format!("scenario: {e:#}")],
+            ),
+        };
         let mut verdict = settle(&run, tenant).await?;
         verdict.violations.extend(extra);
         rows.push(Row {
@@ -136,20 +204,17 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     run.cluster.stop_all();
-    Ok(report(&rows, started.elapsed().as_secs_f64())).and_then(|failed: bool| {
-        if failed {
-            Err(anyhow::anyhow!("invariants violated"))
-        } else {
-            Ok(())
-        }
-    })
+    if report(&rows, started.elapsed().as_secs_f64()) {
+        anyhow::bail!("invariants violated");
+    }
+    Ok(())
 }
 
 fn report(rows: &[Row], total: f64) -> bool {
     println!();
     println!(
-        "{:<48} {:<44} {:>6} {:>9} {:>9} {:>7} {:>6} {:>6}  verdict",
-        "scenario", "faults injected", "orders", "confirmed", "cancelled", "events", "lost", "secs"
+        "{:<62} {:>6} {:>5} {:>5} {:>6} {:>5} {:>4} {:>4} {:>5}  verdict",
+        "scenario", "orders", "conf", "canc", "events", "dups", "lost", "dlq", "secs"
     );
     let mut failed = false;
     for r in rows {
@@ -162,17 +227,19 @@ fn report(rows: &[Row], total: f64) -> bool {
         let ok = r.verdict.violations.is_empty();
         failed |= !ok;
         println!(
-            "{:<48} {:<44} {:>6} {:>9} {:>9} {:>7} {:>6} {:>6.1}  {}",
+            "{:<62} {:>6} {:>5} {:>5} {:>6} {:>5} {:>4} {:>4} {:>5.1}  {}",
             r.name,
-            r.faults,
             r.verdict.orders,
             r.verdict.confirmed,
             r.verdict.cancelled,
             r.verdict.events,
+            r.verdict.duplicates,
             lost,
+            r.verdict.dead_letters,
             r.secs,
             if ok { "PASS" } else { "FAIL" }
         );
+        println!("    faults: {}", r.faults);
     }
     for r in rows.iter().filter(|r| !r.verdict.violations.is_empty()) {
         println!("\n{} violated:", r.name);
@@ -185,7 +252,10 @@ fn report(rows: &[Row], total: f64) -> bool {
         .filter(|r| r.verdict.violations.is_empty())
         .count();
     println!(
-        "\ne2e: {passed} passed, {} failed in {total:.0}s",
+        "\ncolumns: dups = duplicate deliveries absorbed (I2), lost = committed events never applied (I1), dlq = messages in DLQs (only injected poison allowed)"
+    );
+    println!(
+        "e2e: {passed} passed, {} failed in {total:.0}s",
         rows.len() - passed
     );
     failed
@@ -269,6 +339,9 @@ async fn setup() -> anyhow::Result<Run> {
         ("PSP_URL", "http://127.0.0.1:9090".into()),
         ("PSP_LEASE_SECS", "2".into()),
         ("PSP_TIMEOUT_MS", "1000".into()),
+        // Backoff in steps of 200 ms (not 30 s): an unroutable event reaches
+        // the DLQ table after 10 attempts in about 10 s.
+        ("RELAY_BACKOFF_MS", "200".into()),
         ("RUST_LOG", "info".into()),
     ]
     .into_iter()
@@ -290,6 +363,11 @@ async fn setup() -> anyhow::Result<Run> {
     }
     cluster.start_all()?;
     cluster.wait_ready().await?;
+    // Extra relays, started by the scenario that runs several at once.
+    for extra in ["orders-relay-2", "orders-relay-3"] {
+        cluster.add(extra, bin("orders"), &["relay"], None);
+    }
+    cluster.add("inventory-relay-2", bin("inventory"), &["relay"], None);
     let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{PREFIX}{c}")).collect();
     reliability::testing::wait_for_queues(&queues).await;
     let client = Client {
@@ -302,6 +380,8 @@ async fn setup() -> anyhow::Result<Run> {
         cluster,
         dbs,
         client,
+        poison: HashMap::new(),
+        outbox_poison: 0,
     })
 }
 
@@ -378,10 +458,11 @@ impl Client {
             .ok_or_else(|| anyhow::anyhow!("no order id in {body}"))
     }
 
-    /// `n` orders of one unit each, placed concurrently; about one in ten declined.
+    /// `n` orders of one unit each, 16 at a time; about one in ten declined.
     async fn orders(&self, tenant: i64, n: usize) -> anyhow::Result<Vec<i64>> {
+        use futures_util::StreamExt;
         let sku = format!("SKU-{tenant}");
-        let all = futures_util::future::join_all((0..n).map(|i| {
+        let all: Vec<_> = futures_util::stream::iter((0..n).map(|i| {
             let customer = if i % 10 == 9 {
                 format!("decline-{i}")
             } else {
@@ -391,6 +472,8 @@ impl Client {
             let sku = sku.clone();
             async move { self.order(tenant, &key, &customer, &sku, 1).await }
         }))
+        .buffered(16)
+        .collect()
         .await;
         all.into_iter().collect()
     }
@@ -402,16 +485,61 @@ impl Client {
 async fn settle(run: &Run, tenant: i64) -> anyhow::Result<Verdict> {
     let deadline = Instant::now() + QUIET;
     loop {
-        let quiet = run.dbs.quiet().await?;
-        let verdict = run.dbs.check(tenant, &charges(run).await?).await?;
-        if (quiet && verdict.violations.is_empty()) || Instant::now() >= deadline {
-            if !quiet {
-                println!("   not quiet after {QUIET:?}");
+        // A database or broker still coming back is "not yet", not a verdict.
+        let attempt = async {
+            let quiet = run.dbs.quiet().await?;
+            let mut verdict = run.dbs.check(tenant, &charges(run).await?).await?;
+            dead_letters(run, &mut verdict).await?;
+            anyhow::Ok((quiet, verdict))
+        };
+        match attempt.await {
+            Ok((quiet, verdict)) => {
+                if (quiet && verdict.violations.is_empty()) || Instant::now() >= deadline {
+                    if !quiet {
+                        println!("   not quiet after {QUIET:?}");
+                    }
+                    return Ok(verdict);
+                }
             }
-            return Ok(verdict);
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Every DLQ holds exactly the poison injected on purpose, nothing else.
+async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Result<()> {
+    let conn = reliability::broker::connect(&amqp_url(), "e2e-checker").await?;
+    let channel = reliability::broker::bounded(conn.create_channel()).await?;
+    for c in CONSUMERS {
+        let dlq = reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}"));
+        let depth =
+            reliability::broker::bounded(reliability::broker::queue_depth(&channel, &dlq)).await?;
+        let expected = run.poison.get(&dlq).copied().unwrap_or(0);
+        verdict.dead_letters += depth;
+        if depth != expected {
+            verdict.violations.push(format!(
+                "DLQ: {dlq} holds {depth} messages, {expected} injected"
+            ));
+        }
+    }
+    let _ = reliability::broker::bounded(conn.close(200, "checked".into())).await;
+    let mut rows = 0;
+    for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
+            .fetch_one(pool)
+            .await?;
+        rows += n;
+    }
+    verdict.dead_letters += u32::try_from(rows).unwrap_or(u32::MAX);
+    if rows != run.outbox_poison {
+        verdict.violations.push(format!(
+            "DLQ: the outbox DLQ tables hold {rows} rows, {} injected",
+            run.outbox_poison
+        ));
+    }
+    Ok(())
 }
 
 /// Outboxes drained and every order decided (between re-publishing rounds).
@@ -447,18 +575,46 @@ async fn charges(run: &Run) -> anyhow::Result<HashMap<String, u64>> {
         .unwrap_or_default())
 }
 
-async fn baseline(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
+async fn baseline(run: &mut Run, tenant: i64) -> Outcome {
     run.client
         .stock(tenant, &format!("SKU-{tenant}"), 100)
         .await?;
     run.client.orders(tenant, 10).await?;
-    run.client
+    let too_many = run
+        .client
         .order(tenant, "too-many", "c-x", &format!("SKU-{tenant}"), 1000)
         .await?;
-    run.client
+    let unknown = run
+        .client
         .order(tenant, "unknown", "c-y", "NO-SUCH-SKU", 1)
         .await?;
-    Ok(("none".into(), vec![]))
+    quiesce(run).await?;
+    let mut violations = vec![];
+    for (what, id) in [("too many units", too_many), ("unknown sku", unknown)] {
+        let status = order_status(&run.dbs, id).await?;
+        let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE order_id = $1")
+            .bind(id)
+            .fetch_one(&run.dbs.payments)
+            .await?;
+        if status != "cancelled" || payments != 0 {
+            violations.push(format!(
+                "I6: order {id} ({what}) is {status} with {payments} payment(s); expected cancelled, none"
+            ));
+        }
+    }
+    Ok((
+        "none; an order over stock, an unknown sku".into(),
+        violations,
+    ))
+}
+
+async fn order_status(dbs: &Dbs, order_id: i64) -> anyhow::Result<String> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+            .bind(order_id)
+            .fetch_one(&dbs.orders)
+            .await?,
+    )
 }
 
 /// Restarts `proc` with a fail point that aborts it at an exact place,
@@ -528,33 +684,6 @@ impl Client {
         }
         Ok(())
     }
-}
-
-async fn broker_restart(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {
-    if std::process::Command::new("rabbitmqctl")
-        .arg("-q")
-        .arg("status")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        return Ok(("skipped: rabbitmqctl not usable here".into(), vec![]));
-    }
-    run.client
-        .stock(tenant, &format!("SKU-{tenant}"), 100)
-        .await?;
-    run.client.orders(tenant, 50).await?;
-    let ctl = |args: &[&str]| {
-        std::process::Command::new("rabbitmqctl")
-            .args(args)
-            .output()
-    };
-    ctl(&["stop_app"])?;
-    // Orders keep coming while the broker is away: they wait in the outbox.
-    run.client.orders_after_kill(tenant).await?;
-    ctl(&["start_app"])?;
-    ctl(&["await_startup"])?;
-    Ok(("rabbitmqctl stop_app / start_app mid-flow".into(), vec![]))
 }
 
 async fn duplicate_storm(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {

@@ -1,0 +1,538 @@
+//! Fault scenarios: several relays, a late commit, an unroutable event,
+//! provider faults, broker and PostgreSQL restarts, reordered delivery,
+//! poison and its re-drive, a stock race.
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+use std::str::FromStr;
+use std::time::Duration;
+
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions};
+use reliability::broker::{self, Outgoing, Publisher};
+use reliability::testing::{amqp_url, database_url, wait_until};
+use reliability::{TenantId, TenantTx, db};
+use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::{Outcome, PREFIX, Run, bin, orders_of, quiesce};
+
+fn sku(tenant: i64) -> String {
+    format!("SKU-{tenant}")
+}
+
+/// Runs a command off the async threads (the traffic keeps flowing).
+async fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<Output> {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await??;
+    Ok(out)
+}
+
+pub async fn many_relays(run: &mut Run, tenant: i64) -> Outcome {
+    const EXTRA: [&str; 3] = ["orders-relay-2", "orders-relay-3", "inventory-relay-2"];
+    run.client.stock(tenant, &sku(tenant), 1000).await?;
+    for p in EXTRA {
+        run.cluster.start(p, None)?;
+    }
+    let placed = run.client.orders(tenant, 200).await;
+    quiesce(run).await?;
+    for p in EXTRA {
+        run.cluster.kill9(p);
+    }
+    placed?;
+    Ok((
+        "orders relays x3, inventory relays x2 on one outbox each; 200 orders".into(),
+        vec![],
+    ))
+}
+
+/// A transaction takes an outbox id, stays open while later orders are
+/// placed, relayed and consumed, then commits: its event must still go out.
+pub async fn late_commit(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 100).await?;
+    let base = PgConnectOptions::from_str(&database_url())?.database("e2e_orders");
+    let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 1).await?;
+    let mut tx = TenantTx::begin(&app, TenantId::new(tenant)?).await?;
+    let order = orders::domain::new_order(
+        "c-late".into(),
+        "EUR".into(),
+        vec![orders::domain::line(sku(tenant), 1, 1250)?],
+    )?;
+    let early = orders::http::place(&mut tx, &order).await?;
+    let early_id: i64 = sqlx::query_scalar("SELECT max(id) FROM outbox_messages")
+        .fetch_one(&mut *tx)
+        .await?;
+    run.client.orders(tenant, 10).await?;
+    let dbs = &run.dbs;
+    wait_until(
+        Duration::from_secs(60),
+        "the later orders decided",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM orders WHERE tenant_id = $1 AND status <> 'pending'",
+            )
+            .bind(tenant)
+            .fetch_one(&dbs.orders)
+            .await
+            .is_ok_and(|n| n >= 10)
+        },
+    )
+    .await;
+    let later: Option<i64> = sqlx::query_scalar(
+        "SELECT max(id) FROM outbox_messages WHERE tenant_id = $1 AND processed_at IS NOT NULL",
+    )
+    .bind(tenant)
+    .fetch_one(&run.dbs.orders)
+    .await?;
+    tx.commit().await?;
+    app.close().await;
+    let mut violations = vec![];
+    if later.is_none_or(|l| l <= early_id) {
+        violations.push(format!(
+            "scenario: no event after id {early_id} was relayed before the commit"
+        ));
+    }
+    Ok((
+        format!(
+            "order {} (outbox id {early_id}) committed after ids up to {} were consumed",
+            early.order_id,
+            later.unwrap_or(0)
+        ),
+        violations,
+    ))
+}
+
+/// An event nobody subscribes to is returned by the broker (mandatory
+/// publish), retried with backoff, then parked in the outbox DLQ table;
+/// everything else keeps flowing. The projection takes `orders.*`, so the
+/// event type has a dot (a typo'd type): `orders.Nobody.Listens` matches no
+/// binding.
+pub async fn unroutable(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 100).await?;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ($1, 'order', '0', 'Nobody.Listens', '{}') RETURNING id",
+    )
+    .bind(tenant)
+    .fetch_one(&run.dbs.orders)
+    .await?;
+    run.outbox_poison += 1;
+    run.client.orders(tenant, 10).await?;
+    let dbs = &run.dbs;
+    wait_until(
+        Duration::from_secs(60),
+        "the unroutable event in the outbox DLQ table",
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_messages_dlq WHERE id = $1")
+                .bind(id)
+                .fetch_one(&dbs.orders)
+                .await
+                .is_ok_and(|n| n == 1)
+        },
+    )
+    .await;
+    let attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM outbox_messages_dlq WHERE id = $1")
+            .bind(id)
+            .fetch_one(&run.dbs.orders)
+            .await?;
+    let mut violations = vec![];
+    if attempts < 10 {
+        violations.push(format!(
+            "relay: event {id} dead-lettered after {attempts} attempts, not 10"
+        ));
+    }
+    Ok((
+        format!("orders event {id} routed nowhere; DLQ table after {attempts} attempts"),
+        violations,
+    ))
+}
+
+/// The provider charges and then fails (500) or hangs past the worker's
+/// timeout: the worker cannot know, retries with the same key, and the
+/// provider must have charged once.
+pub async fn provider_charges_then_fails(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 100).await?;
+    let faults = json!({"charge_then_fail_next": 3, "charge_then_hang_next": 3, "hang_ms": 2500});
+    run.client
+        .http
+        .post("http://127.0.0.1:9090/control/faults")
+        .json(&faults)
+        .send()
+        .await?
+        .error_for_status()?;
+    let placed = run.client.orders(tenant, 10).await;
+    quiesce(run).await?;
+    run.client
+        .http
+        .post("http://127.0.0.1:9090/control/faults")
+        .json(&json!({}))
+        .send()
+        .await?
+        .error_for_status()?;
+    placed?;
+    Ok((
+        "provider: 3 charges answered 500, 3 hung past the 1 s timeout".into(),
+        vec![],
+    ))
+}
+
+/// Puts the broker back on its feet however the scenario ends.
+struct BrokerGuard;
+
+impl Drop for BrokerGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl").arg("start_app").output();
+    }
+}
+
+pub async fn broker_restart(run: &mut Run, tenant: i64) -> Outcome {
+    if run_cmd("rabbitmqctl", &["-q", "status"])
+        .await
+        .map_or(true, |o| !o.status.success())
+    {
+        return Ok(("skipped: rabbitmqctl not usable here".into(), vec![]));
+    }
+    run.client.stock(tenant, &sku(tenant), 2000).await?;
+    let _guard = BrokerGuard;
+    let (client, dbs) = (&run.client, &run.dbs);
+    let (placed, restarted) = tokio::join!(client.orders(tenant, 1000), async {
+        wait_until(Duration::from_secs(120), "100 orders placed", || async {
+            orders_of(dbs, tenant).await >= 100
+        })
+        .await;
+        run_cmd("rabbitmqctl", &["stop_app"]).await?;
+        let at = orders_of(dbs, tenant).await;
+        // Orders keep coming while the broker is away: they wait in the outbox.
+        wait_until(
+            Duration::from_secs(60),
+            "50 orders accepted while the broker is down",
+            || async { orders_of(dbs, tenant).await >= at + 50 },
+        )
+        .await;
+        run_cmd("rabbitmqctl", &["start_app"]).await?;
+        run_cmd("rabbitmqctl", &["await_startup"]).await?;
+        anyhow::Ok(at)
+    });
+    let at = restarted?;
+    placed?;
+    Ok((
+        format!(
+            "rabbitmqctl stop_app at order {at} of 1000 (unacked deliveries in flight), start_app 50 orders later"
+        ),
+        vec![],
+    ))
+}
+
+/// `pg_ctlcluster … restart -m immediate`: the cluster dies as on a power cut.
+pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
+    let version = std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
+        return Ok(("skipped: no local pg_ctlcluster".into(), vec![]));
+    };
+    run.client.stock(tenant, &sku(tenant), 1000).await?;
+    let (client, dbs) = (&run.client, &run.dbs);
+    let (placed, restarted) = tokio::join!(client.orders(tenant, 200), async {
+        wait_until(Duration::from_secs(60), "30 orders placed", || async {
+            orders_of(dbs, tenant).await >= 30
+        })
+        .await;
+        let out = run_cmd(
+            "pg_ctlcluster",
+            &[
+                "--skip-systemctl-redirect",
+                "-m",
+                "immediate",
+                &version,
+                "main",
+                "restart",
+            ],
+        )
+        .await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "pg_ctlcluster restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        anyhow::Ok(())
+    });
+    restarted?;
+    placed?;
+    Ok((
+        "PostgreSQL restart -m immediate at order 30 of 200; clients retry".into(),
+        vec![],
+    ))
+}
+
+fn which(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The projection consumer is down while orders complete, then every event
+/// waiting in its queue is put back in reverse: it sees each order's
+/// confirmation before its placement.
+pub async fn reordered(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 100).await?;
+    run.cluster.kill9("projection-consumer");
+    let placed = run.client.orders(tenant, 10).await;
+    quiesce(run).await?;
+    let moved = reverse_queue(&format!("{PREFIX}projection.views")).await;
+    run.cluster.start("projection-consumer", None)?;
+    placed?;
+    let moved = moved?;
+    Ok((
+        format!("projection down; its {moved} waiting events re-queued in reverse order"),
+        vec![],
+    ))
+}
+
+async fn reverse_queue(queue: &str) -> anyhow::Result<usize> {
+    let conn = broker::connect(&amqp_url(), "e2e-reorder").await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions { nowait: false })
+        .await?;
+    let mut taken = Vec::new();
+    while let Some(msg) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+        .await?
+    {
+        taken.push(msg.delivery);
+    }
+    for d in taken.iter().rev() {
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &d.data,
+                d.properties.clone(),
+            )
+            .await?
+            .await?;
+    }
+    if let Some(last) = taken.last() {
+        channel
+            .basic_ack(last.delivery_tag, BasicAckOptions { multiple: true })
+            .await?;
+    }
+    conn.close(200, "reordered".into()).await?;
+    Ok(taken.len())
+}
+
+/// A malformed message and an unknown version are dead-lettered at once; a
+/// handler failing on everything dead-letters after bounded tries while the
+/// rest of the system keeps flowing; once fixed, the operator's re-drive
+/// applies each event once, and only the poison stays in the DLQ.
+pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
+    const PROJECTION: &str = "projection.views";
+    run.client.stock(tenant, &sku(tenant), 100).await?;
+    let envelope = json!({
+        "id": 900_000_000_i64 + tenant, "source": "orders", "tenant_id": tenant,
+        "aggregate_type": "order", "aggregate_id": "0", "event_type": "OrderPlaced",
+        "event_version": 99, "occurred_at": "2026-01-01T00:00:00Z", "payload": {}
+    });
+    let poison = [
+        (format!("orders:poison-{tenant}"), b"{not json".to_vec()),
+        (
+            format!("orders:{}", 900_000_000_i64 + tenant),
+            serde_json::to_vec(&envelope)?,
+        ),
+    ];
+    publish(
+        &poison
+            .iter()
+            .map(|(id, body)| Outgoing {
+                routing_key: "orders.OrderPlaced".into(),
+                message_id: id.clone(),
+                kind: "OrderPlaced".into(),
+                headers: Default::default(),
+                body: body.clone(),
+            })
+            .collect::<Vec<_>>(),
+    )
+    .await?;
+    for c in ["inventory.stock", PROJECTION] {
+        *run.poison
+            .entry(broker::dead_letter_queue(&format!("{PREFIX}{c}")))
+            .or_default() += 2;
+    }
+    let projection_dlq = broker::dead_letter_queue(&format!("{PREFIX}{PROJECTION}"));
+    wait_for_depth(&projection_dlq, 2).await;
+
+    // A projection whose handler fails on everything.
+    run.cluster.kill9("projection-consumer");
+    run.cluster
+        .start("projection-consumer", Some("consumer.handler=error*"))?;
+    run.client.orders(tenant, 2).await?;
+    quiesce(run).await?;
+    let events = tenant_events(run, tenant).await?;
+    // The stock adjustment may have been applied before the failures began.
+    let before = u32::try_from(applied(&run.dbs, tenant, PROJECTION).await?)?;
+    wait_for_depth(&projection_dlq, 2 + events - before).await;
+
+    // Fixed and restarted; the operator re-drives with the real CLI.
+    run.cluster.kill9("projection-consumer");
+    run.cluster.start("projection-consumer", None)?;
+    let out = run_cmd(
+        bin("reliability").to_str().unwrap_or("reliability"),
+        &["dlq-redrive", "--queue", &format!("{PREFIX}{PROJECTION}")],
+    )
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "reliability dlq-redrive: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dbs = &run.dbs;
+    wait_until(
+        Duration::from_secs(60),
+        "every re-driven event applied",
+        || async {
+            applied(dbs, tenant, PROJECTION)
+                .await
+                .is_ok_and(|n| n >= i64::from(events))
+        },
+    )
+    .await;
+    wait_for_depth(&projection_dlq, 2).await;
+    let mut violations = vec![];
+    let n = applied(&run.dbs, tenant, PROJECTION).await?;
+    if n != i64::from(events) {
+        violations.push(format!(
+            "I2: {events} events re-driven, {n} dedup records in the projection"
+        ));
+    }
+    let conn = broker::connect(&amqp_url(), "e2e-peek").await?;
+    let left = broker::peek_dead_letters(&conn, &format!("{PREFIX}{PROJECTION}"), 10).await?;
+    conn.close(200, "peeked".into()).await?;
+    let mut left: Vec<String> = left.into_iter().filter_map(|d| d.message_id).collect();
+    left.sort();
+    let mut injected: Vec<String> = poison.iter().map(|(id, _)| id.clone()).collect();
+    injected.sort();
+    if left != injected {
+        violations.push(format!(
+            "DLQ: {projection_dlq} holds {left:?}; only the poison {injected:?} should stay"
+        ));
+    }
+    Ok((
+        format!(
+            "malformed + v99 published; projection handler failing (consumer.handler=error*): {} events dead-lettered, then `reliability dlq-redrive`",
+            events - before
+        ),
+        violations,
+    ))
+}
+
+async fn publish(messages: &[Outgoing]) -> anyhow::Result<()> {
+    let conn = broker::connect(&amqp_url(), "e2e-poison").await?;
+    let publisher = Publisher::new(&conn, "e2e.events", Duration::from_secs(10)).await?;
+    for r in publisher.publish_batch(messages).await {
+        r?;
+    }
+    conn.close(200, "published".into()).await?;
+    Ok(())
+}
+
+async fn wait_for_depth(queue: &str, n: u32) {
+    wait_until(
+        Duration::from_secs(90),
+        &format!("{queue} holding {n} messages"),
+        || async {
+            let Ok(conn) = broker::connect(&amqp_url(), "e2e-depth").await else {
+                return false;
+            };
+            let depth = match conn.create_channel().await {
+                Ok(channel) => broker::queue_depth(&channel, queue).await.unwrap_or(0),
+                Err(_) => 0,
+            };
+            let _ = conn.close(200, "depth".into()).await;
+            depth == n
+        },
+    )
+    .await;
+}
+
+/// The tenant's events in every outbox (all of them reach the projection).
+async fn tenant_events(run: &Run, tenant: i64) -> anyhow::Result<u32> {
+    let mut n = 0;
+    for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
+        let k: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_one(pool)
+                .await?;
+        n += u32::try_from(k)?;
+    }
+    Ok(n)
+}
+
+async fn applied(dbs: &crate::Dbs, tenant: i64, consumer: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM processed_messages WHERE tenant_id = $1 AND consumer = $2",
+    )
+    .bind(tenant)
+    .bind(consumer)
+    .fetch_one(&dbs.projection)
+    .await?)
+}
+
+/// 20 orders of one unit each, all at once, for 10 units in stock.
+pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 10).await?;
+    let sku = sku(tenant);
+    let placed = futures_util::future::join_all((0..20).map(|i| {
+        let (key, customer, sku) = (format!("race-{tenant}-{i}"), format!("c-{i}"), sku.clone());
+        let client = &run.client;
+        async move { client.order(tenant, &key, &customer, &sku, 1).await }
+    }))
+    .await;
+    placed.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    quiesce(run).await?;
+    let statuses: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT status, count(*) FROM orders WHERE tenant_id = $1 GROUP BY status",
+    )
+    .bind(tenant)
+    .fetch_all(&run.dbs.orders)
+    .await?
+    .into_iter()
+    .collect();
+    let (on_hand, reserved): (i64, i64) =
+        sqlx::query_as("SELECT on_hand, reserved FROM products WHERE tenant_id = $1 AND sku = $2")
+            .bind(tenant)
+            .bind(&sku)
+            .fetch_one(&run.dbs.inventory)
+            .await?;
+    let charges: Value = run
+        .client
+        .http
+        .get("http://127.0.0.1:9090/control/charges")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let charged = charges["charges"].as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|c| {
+                c["key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with(&format!("pay-{tenant}-")))
+            })
+            .count()
+    });
+    let confirmed = statuses.get("confirmed").copied().unwrap_or(0);
+    let mut violations = vec![];
+    if confirmed != 10 || on_hand != 0 || reserved != 0 || charged != 10 {
+        violations.push(format!(
+            "I5: 20 orders for 10 units: {confirmed} confirmed, on_hand {on_hand}, reserved {reserved}, {charged} charges"
+        ));
+    }
+    Ok(("20 concurrent orders, 10 units in stock".into(), violations))
+}

@@ -1,0 +1,747 @@
+//! What a confused or hostile client gets, and that it changes nothing:
+//! Idempotency-Key rules, other tenants' ids, the RLS wall, bad tokens and
+//! bad bodies.
+
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use reliability::db;
+use reliability::testing::database_url;
+use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::{Outcome, Run, SECRET, orders_of, quiesce};
+
+const ORDERS: &str = "http://127.0.0.1:9081";
+
+struct Reply {
+    status: u16,
+    body: Value,
+    replayed: bool,
+}
+
+/// One request, no retries: exactly what the client sent.
+async fn send(
+    run: &Run,
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    key: Option<&[u8]>,
+    body: Option<Vec<u8>>,
+) -> anyhow::Result<Reply> {
+    let mut req = run.client.http.request(method, url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    if let Some(k) = key {
+        req = req.header(
+            "Idempotency-Key",
+            reqwest::header::HeaderValue::from_bytes(k)?,
+        );
+    }
+    if let Some(b) = body {
+        req = req.header("Content-Type", "application/json").body(b);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let replayed = resp
+        .headers()
+        .get("Idempotent-Replayed")
+        .is_some_and(|v| v == "true");
+    let body = resp.json().await.unwrap_or(Value::Null);
+    Ok(Reply {
+        status,
+        body,
+        replayed,
+    })
+}
+
+fn order_body(tenant: i64, quantity: i64) -> Vec<u8> {
+    json!({"customer_id": "c-1", "currency": "EUR",
+           "lines": [{"sku": format!("SKU-{tenant}"), "quantity": quantity, "unit_price_cents": 1250}]})
+    .to_string()
+    .into_bytes()
+}
+
+/// Collects "expected X, got Y" as violations.
+#[derive(Default)]
+struct Expect(Vec<String>);
+
+impl Expect {
+    fn status(&mut self, what: &str, reply: &Reply, allowed: &[u16]) {
+        if !allowed.contains(&reply.status) {
+            self.0.push(format!(
+                "contract: {what}: {} {}, expected {allowed:?}",
+                reply.status, reply.body
+            ));
+        } else if reply.status >= 400 && reply.body["error"]["code"].as_str().is_none() {
+            self.0.push(format!(
+                "contract: {what}: {} without a JSON error code: {}",
+                reply.status, reply.body
+            ));
+        }
+    }
+
+    fn that(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(what());
+        }
+    }
+}
+
+pub async fn key_rules(run: &mut Run, tenant: i64) -> Outcome {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    let token = run.client.token(tenant);
+    let t = Some(token.as_str());
+    let post = reqwest::Method::POST;
+    let url = format!("{ORDERS}/orders");
+    let mut e = Expect::default();
+
+    let first = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-1"),
+        Some(order_body(tenant, 1)),
+    )
+    .await?;
+    e.status("first POST", &first, &[201]);
+    let again = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-1"),
+        Some(order_body(tenant, 1)),
+    )
+    .await?;
+    e.status("replay", &again, &[201]);
+    e.that(again.replayed && again.body == first.body, || {
+        format!("I3: a replay must answer the stored response with Idempotent-Replayed: true; got {} (replayed {})", again.body, again.replayed)
+    });
+    // Key order and whitespace do not make another body (RFC 8785).
+    let reordered = format!(
+        r#"{{ "lines": [{{"unit_price_cents": 1250, "quantity": 1, "sku": "SKU-{tenant}"}}], "currency": "EUR", "customer_id": "c-1" }}"#
+    );
+    let same = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-1"),
+        Some(reordered.into_bytes()),
+    )
+    .await?;
+    e.status("same body, keys reordered", &same, &[201]);
+    let other = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-1"),
+        Some(order_body(tenant, 2)),
+    )
+    .await?;
+    e.status("same key, other body", &other, &[409]);
+
+    let long = vec![b'a'; 256];
+    let longest = vec![b'b'; 255];
+    for (what, key) in [
+        ("no key", None),
+        ("empty key", Some(&b""[..])),
+        ("256-character key", Some(&long[..])),
+        ("key with a space", Some(&b"a b"[..])),
+        ("non-ASCII key", Some("café".as_bytes())),
+    ] {
+        let r = send(run, post.clone(), &url, t, key, Some(order_body(tenant, 1))).await?;
+        e.status(what, &r, &[400]);
+    }
+    let r = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(&longest),
+        Some(order_body(tenant, 1)),
+    )
+    .await?;
+    e.status("255-character key", &r, &[201]);
+
+    // A 4xx is an answer too: stored and replayed.
+    let bad = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-bad"),
+        Some(order_body(tenant, 0)),
+    )
+    .await?;
+    e.status("invalid order", &bad, &[422]);
+    let bad_again = send(
+        run,
+        post.clone(),
+        &url,
+        t,
+        Some(b"k-bad"),
+        Some(order_body(tenant, 0)),
+    )
+    .await?;
+    e.status("invalid order replayed", &bad_again, &[422]);
+    e.that(bad_again.replayed, || {
+        "I3: a stored 422 must be replayed with Idempotent-Replayed: true".into()
+    });
+
+    // Keys belong to a tenant: another tenant's same key is another request.
+    let stranger = run.client.token(tenant + 200);
+    let theirs = send(
+        run,
+        post.clone(),
+        &url,
+        Some(&stranger),
+        Some(b"k-1"),
+        Some(order_body(tenant, 1)),
+    )
+    .await?;
+    e.status("another tenant, same key", &theirs, &[201]);
+    e.that(
+        !theirs.replayed && theirs.body["order_id"] != first.body["order_id"],
+        || {
+            format!(
+                "I7: tenant {} got tenant {tenant}'s stored answer for its key",
+                tenant + 200
+            )
+        },
+    );
+
+    let n = orders_of(&run.dbs, tenant).await;
+    e.that(n == 2, || {
+        format!("I3: the key rules made {n} orders, expected 2")
+    });
+    Ok((
+        "replays, other body, reordered keys, bad keys, stored 422, another tenant's key".into(),
+        e.0,
+    ))
+}
+
+pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
+    let victim = tenant + 100;
+    run.client
+        .stock(victim, &format!("SKU-{victim}"), 100)
+        .await?;
+    let order = run
+        .client
+        .order(victim, "victim-1", "c-v", &format!("SKU-{victim}"), 2)
+        .await?;
+    quiesce(run).await?;
+    let (payment, captured_before): (i64, i64) = sqlx::query_as(
+        "SELECT payment_id, amount_cents - refunded_cents FROM payments WHERE order_id = $1",
+    )
+    .bind(order)
+    .fetch_one(&run.dbs.payments)
+    .await?;
+    let stock_before = stock_of(run, victim).await?;
+
+    let token = run.client.token(tenant);
+    let t = Some(token.as_str());
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    let mut e = Expect::default();
+    let mut leaked = 0;
+    for (what, url) in [
+        ("orders GET", format!("{ORDERS}/orders/{order}")),
+        (
+            "projection GET",
+            format!("http://127.0.0.1:9084/orders/{order}"),
+        ),
+        (
+            "inventory GET",
+            format!("http://127.0.0.1:9082/products/SKU-{victim}"),
+        ),
+    ] {
+        let r = send(run, get.clone(), &url, t, None, None).await?;
+        leaked += usize::from(r.status == 200);
+        e.status(&format!("another tenant's id, {what}"), &r, &[404]);
+    }
+    let r = send(
+        run,
+        get.clone(),
+        &format!("http://127.0.0.1:9083/payments?order_id={order}"),
+        t,
+        None,
+        None,
+    )
+    .await?;
+    e.status("another tenant's payments", &r, &[200]);
+    e.that(r.body.as_array().is_some_and(Vec::is_empty), || {
+        leaked += 1;
+        format!("I7: payments of another tenant's order listed: {}", r.body)
+    });
+    let refund = json!({"payment_id": payment, "amount_cents": 100}).to_string();
+    let r = send(
+        run,
+        post.clone(),
+        "http://127.0.0.1:9083/refunds",
+        t,
+        Some(b"x-refund"),
+        Some(refund.into_bytes()),
+    )
+    .await?;
+    e.status("refund of another tenant's payment", &r, &[404]);
+    let adjust = json!({"sku": format!("SKU-{victim}"), "delta": -5, "reason": "x"}).to_string();
+    let r = send(
+        run,
+        post.clone(),
+        "http://127.0.0.1:9082/stock/adjustments",
+        t,
+        Some(b"x-adjust"),
+        Some(adjust.into_bytes()),
+    )
+    .await?;
+    e.status("stock adjustment of another tenant's sku", &r, &[404, 422]);
+    quiesce(run).await?;
+
+    let (_, captured_after): (i64, i64) = sqlx::query_as(
+        "SELECT payment_id, amount_cents - refunded_cents FROM payments WHERE order_id = $1",
+    )
+    .bind(order)
+    .fetch_one(&run.dbs.payments)
+    .await?;
+    let stock_after = stock_of(run, victim).await?;
+    e.that(captured_before == captured_after && stock_before == stock_after, || {
+        format!("I7: tenant {victim} changed by tenant {tenant}: captured {captured_before}→{captured_after}, stock {stock_before:?}→{stock_after:?}")
+    });
+    let victim_verdict = run.dbs.check(victim, &crate::charges(run).await?).await?;
+    e.0.extend(victim_verdict.violations);
+    e.0.extend(rls_wall().await?);
+    Ok((
+        format!(
+            "tenant {tenant} reads/writes tenant {victim}'s ids ({leaked} leaked); RLS catalog and unscoped queries as commerce_app"
+        ),
+        e.0,
+    ))
+}
+
+async fn stock_of(run: &Run, tenant: i64) -> anyhow::Result<(i64, i64)> {
+    Ok(
+        sqlx::query_as("SELECT on_hand, reserved FROM products WHERE tenant_id = $1")
+            .bind(tenant)
+            .fetch_one(&run.dbs.inventory)
+            .await?,
+    )
+}
+
+/// The second wall (I7): every table with a `tenant_id` that a runtime role
+/// (app or relay) may touch has row-level security enabled and forced, with
+/// a policy (the archive and its partitions are owner-only: no grants); the
+/// runtime role cannot bypass it; and a query that forgets its tenant sees
+/// nothing.
+async fn rls_wall() -> anyhow::Result<Vec<String>> {
+    let mut violations = vec![];
+    for name in [
+        "e2e_orders",
+        "e2e_inventory",
+        "e2e_payments",
+        "e2e_projection",
+    ] {
+        let base = PgConnectOptions::from_str(&database_url())?.database(name);
+        let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 1).await?;
+        let tables: Vec<(String, bool, bool, i64, bool, bool, bool)> = sqlx::query_as(
+            "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid),
+                    has_table_privilege('commerce_app', c.oid, 'SELECT, INSERT, UPDATE, DELETE')
+                    OR has_table_privilege('commerce_relay', c.oid, 'SELECT, INSERT, UPDATE, DELETE'),
+                    has_table_privilege('commerce_app', c.oid, 'SELECT'),
+                    has_table_privilege('commerce_relay', c.oid, 'SELECT')
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+               AND EXISTS (SELECT 1 FROM pg_attribute a
+                           WHERE a.attrelid = c.oid AND a.attname = 'tenant_id' AND NOT a.attisdropped)
+             ORDER BY 1",
+        )
+        .fetch_all(&app)
+        .await?;
+        anyhow::ensure!(!tables.is_empty(), "{name}: no tenant tables found");
+        for (table, enabled, forced, policies, reachable, app_reads, relay_reads) in &tables {
+            if *reachable && (!(enabled & forced) || *policies == 0) {
+                violations.push(format!(
+                    "I7: {name}.{table}: rls enabled {enabled}, forced {forced}, {policies} policies"
+                ));
+            }
+            // The relay is cross-tenant by design (ADR 0003), through a policy
+            // of its own on the outbox tables and nothing else.
+            if *relay_reads && !table.starts_with("outbox_messages") {
+                violations.push(format!("I7: {name}.{table}: commerce_relay may read it"));
+            }
+            if *app_reads {
+                // No tenant set: the policy must let nothing through.
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*) FROM \"{table}\""
+                )))
+                .fetch_one(&app)
+                .await?;
+                if n != 0 {
+                    violations.push(format!(
+                        "I7: {name}.{table}: an unscoped query as commerce_app sees {n} rows"
+                    ));
+                }
+            }
+        }
+        let (superuser, bypass): (bool, bool) = sqlx::query_as(
+            "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user",
+        )
+        .fetch_one(&app)
+        .await?;
+        if superuser || bypass {
+            violations.push(format!(
+                "I7: the runtime role is superuser {superuser}, bypassrls {bypass}"
+            ));
+        }
+        app.close().await;
+    }
+    Ok(violations)
+}
+
+fn forged(secret: &[u8], claims: &Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret),
+    )
+    .expect("HS256 signing cannot fail")
+}
+
+pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
+    run.client
+        .stock(tenant, &format!("SKU-{tenant}"), 100)
+        .await?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let later = now + 3600;
+    let good = run.client.token(tenant);
+    let t = Some(good.as_str());
+    let post = reqwest::Method::POST;
+    let url = format!("{ORDERS}/orders");
+    let mut e = Expect::default();
+
+    let unsigned = {
+        let enc = |v: &Value| b64(v.to_string().as_bytes());
+        format!(
+            "{}.{}.",
+            enc(&json!({"alg": "none", "typ": "JWT"})),
+            enc(&json!({"tenant_id": tenant, "exp": later}))
+        )
+    };
+    let tokens = [
+        ("no token", None),
+        ("not a JWT", Some("garbage".to_owned())),
+        (
+            "signed with another secret",
+            Some(forged(
+                b"not-the-secret",
+                &json!({"tenant_id": tenant, "exp": later}),
+            )),
+        ),
+        (
+            "expired",
+            Some(forged(
+                SECRET.as_bytes(),
+                &json!({"tenant_id": tenant, "exp": now - 10}),
+            )),
+        ),
+        (
+            "no tenant_id",
+            Some(forged(SECRET.as_bytes(), &json!({"exp": later}))),
+        ),
+        (
+            "tenant_id 0",
+            Some(forged(
+                SECRET.as_bytes(),
+                &json!({"tenant_id": 0, "exp": later}),
+            )),
+        ),
+        (
+            "tenant_id as a string",
+            Some(forged(
+                SECRET.as_bytes(),
+                &json!({"tenant_id": tenant.to_string(), "exp": later}),
+            )),
+        ),
+        (
+            "no exp",
+            Some(forged(SECRET.as_bytes(), &json!({"tenant_id": tenant}))),
+        ),
+        ("alg none", Some(unsigned)),
+    ];
+    for (i, (what, token)) in tokens.iter().enumerate() {
+        let key = format!("tok-{i}");
+        let r = send(
+            run,
+            post.clone(),
+            &url,
+            token.as_deref(),
+            Some(key.as_bytes()),
+            Some(order_body(tenant, 1)),
+        )
+        .await?;
+        e.status(&format!("POST with {what}"), &r, &[401]);
+        let r = send(
+            run,
+            reqwest::Method::GET,
+            &format!("{ORDERS}/orders/1"),
+            token.as_deref(),
+            None,
+            None,
+        )
+        .await?;
+        e.status(&format!("GET with {what}"), &r, &[401]);
+    }
+
+    let line = |q: Value, p: Value| json!({"sku": format!("SKU-{tenant}"), "quantity": q, "unit_price_cents": p});
+    let order = |customer: Value, currency: Value, lines: Value| {
+        json!({"customer_id": customer, "currency": currency, "lines": lines}).to_string()
+    };
+    let nested = format!(
+        r#"{{"customer_id": {}1{}, "currency": "EUR", "lines": []}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let bodies: Vec<(&str, String, &[u16])> = vec![
+        ("malformed JSON", "{not json".into(), &[400]),
+        ("empty body", String::new(), &[400]),
+        (
+            "truncated JSON",
+            r#"{"customer_id": "c-1", "lines": [{"#.into(),
+            &[400],
+        ),
+        ("a JSON array", "[]".into(), &[422]),
+        (
+            "missing lines",
+            r#"{"customer_id": "c-1", "currency": "EUR"}"#.into(),
+            &[422],
+        ),
+        ("5000-deep nesting", nested, &[400, 422]),
+        (
+            "a 70 KiB body",
+            order(
+                json!("c".repeat(70 * 1024)),
+                json!("EUR"),
+                json!([line(json!(1), json!(1))]),
+            ),
+            &[413],
+        ),
+        (
+            "quantity 0",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(0), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "quantity -1",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(-1), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "quantity 10001",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(10_001), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "quantity 2^40",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(1_u64 << 40), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "quantity 1.5",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(1.5), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "quantity as a string",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!("1"), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "price -1",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(1), json!(-1))]),
+            ),
+            &[422],
+        ),
+        (
+            "price 100000001",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(1), json!(100_000_001))]),
+            ),
+            &[422],
+        ),
+        (
+            "price 2^63",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([line(json!(1), json!(1_u64 << 63))]),
+            ),
+            &[422],
+        ),
+        (
+            "currency eur",
+            order(
+                json!("c-1"),
+                json!("eur"),
+                json!([line(json!(1), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "currency EURO",
+            order(
+                json!("c-1"),
+                json!("EURO"),
+                json!([line(json!(1), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "empty customer",
+            order(json!(""), json!("EUR"), json!([line(json!(1), json!(1))])),
+            &[422],
+        ),
+        (
+            "65-character customer",
+            order(
+                json!("c".repeat(65)),
+                json!("EUR"),
+                json!([line(json!(1), json!(1))]),
+            ),
+            &[422],
+        ),
+        (
+            "no lines",
+            order(json!("c-1"), json!("EUR"), json!([])),
+            &[422],
+        ),
+        (
+            "101 lines",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                Value::Array(vec![line(json!(1), json!(1)); 101]),
+            ),
+            &[422],
+        ),
+        (
+            "empty sku",
+            order(
+                json!("c-1"),
+                json!("EUR"),
+                json!([{"sku": "", "quantity": 1, "unit_price_cents": 1}]),
+            ),
+            &[422],
+        ),
+        (
+            "NUL in customer",
+            order(
+                json!("c\u{0}1"),
+                json!("EUR"),
+                json!([line(json!(1), json!(1))]),
+            ),
+            &[422],
+        ),
+    ];
+    for (i, (what, body, allowed)) in bodies.into_iter().enumerate() {
+        let key = format!("body-{i}");
+        let r = send(
+            run,
+            post.clone(),
+            &url,
+            t,
+            Some(key.as_bytes()),
+            Some(body.into_bytes()),
+        )
+        .await?;
+        e.status(what, &r, allowed);
+    }
+    for (what, url) in [
+        ("order id not a number", format!("{ORDERS}/orders/abc")),
+        (
+            "order id 2^70",
+            format!("{ORDERS}/orders/1180591620717411303424"),
+        ),
+        ("order id -1", format!("{ORDERS}/orders/-1")),
+    ] {
+        let r = send(run, reqwest::Method::GET, &url, t, None, None).await?;
+        e.status(what, &r, &[404]);
+    }
+    let refund = |amount: Value| {
+        json!({"payment_id": 1, "amount_cents": amount})
+            .to_string()
+            .into_bytes()
+    };
+    for (i, amount) in [json!(0), json!(-5), json!("5")].into_iter().enumerate() {
+        let r = send(
+            run,
+            post.clone(),
+            "http://127.0.0.1:9083/refunds",
+            t,
+            Some(format!("rf-{i}").as_bytes()),
+            Some(refund(amount.clone())),
+        )
+        .await?;
+        e.status(&format!("refund of {amount}"), &r, &[404, 422]);
+    }
+
+    let n = orders_of(&run.dbs, tenant).await;
+    e.that(n == 0, || format!("bad input wrote {n} orders"));
+    for p in ["orders-api", "payments-api", "inventory-api"] {
+        e.that(!run.cluster.exited(p), || format!("{p} died on bad input"));
+    }
+    Ok((
+        "9 kinds of bad token, 24 bad bodies, bad ids and amounts".into(),
+        e.0,
+    ))
+}
+
+fn b64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+        }
+    }
+    out
+}
