@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi e2e
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi e2e bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -83,3 +83,11 @@ openapi: ## write each service's OpenAPI document to target/openapi/ and validat
 e2e: ## crash, restart and retry scenarios against the stack as real processes; prints the invariants table
 	cargo build --quiet --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
+
+bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ~10 min); rewrites docs/benchmarks.md
+	cargo build --quiet --locked --release -p bench
+	$${CARGO_TARGET_DIR:-target}/release/bench
+
+bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
+	cargo build --quiet --locked -p bench
+	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke

@@ -180,7 +180,9 @@ async fn a_crash_after_commit_before_ack_makes_the_redelivery_a_no_op() {
         vec![(1, "agg".to_owned(), 1, 5)],
         "applied once"
     );
-    let offsets = reliability::consumer::offsets(&db.owner, None).await.unwrap();
+    let offsets = reliability::consumer::offsets(&db.owner, None)
+        .await
+        .unwrap();
     assert_eq!(
         offsets
             .iter()
