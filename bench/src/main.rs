@@ -46,6 +46,18 @@ struct Sizes {
 
 impl Sizes {
     fn new(smoke: bool) -> Self {
+        let mut sizes = Self::preset(smoke);
+        // For quick iterations on one figure: BENCH_ROWS=50000 BENCH_CONSUME=20000.
+        if let Some(rows) = env_number("BENCH_ROWS") {
+            sizes.rows = rows;
+        }
+        if let Some(n) = env_number("BENCH_CONSUME") {
+            sizes.consume = n.try_into().unwrap_or(sizes.consume);
+        }
+        sizes
+    }
+
+    fn preset(smoke: bool) -> Self {
         if smoke {
             Self {
                 rows: 2_000,
@@ -66,6 +78,10 @@ impl Sizes {
             }
         }
     }
+}
+
+fn env_number(name: &str) -> Option<i64> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 /// measure, figure, limit, ratio, target

@@ -72,12 +72,15 @@ impl Dbs {
         }
     }
 
-    /// Nothing left to do anywhere: outboxes drained, payments and refunds settled.
-    pub async fn quiet(&self) -> anyhow::Result<bool> {
+    /// Nothing left to do for `tenant`: its outbox rows relayed, its
+    /// payments and refunds settled, its orders decided. Per tenant, so one
+    /// scenario's lost event does not hold up the next (each has its own).
+    pub async fn quiet(&self, tenant: i64) -> anyhow::Result<bool> {
         for pool in [&self.orders, &self.inventory, &self.payments] {
             let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL",
+                "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL AND tenant_id = $1",
             )
+            .bind(tenant)
             .fetch_one(pool)
             .await?;
             if pending > 0 {
@@ -85,14 +88,18 @@ impl Dbs {
             }
         }
         let open: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM payments WHERE status = 'pending') + (SELECT count(*) FROM refunds WHERE status = 'pending')",
+            "SELECT (SELECT count(*) FROM payments WHERE status = 'pending' AND tenant_id = $1)
+                  + (SELECT count(*) FROM refunds WHERE status = 'pending' AND tenant_id = $1)",
         )
+        .bind(tenant)
         .fetch_one(&self.payments)
         .await?;
-        let undecided: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'pending'")
-                .fetch_one(&self.orders)
-                .await?;
+        let undecided: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders WHERE status = 'pending' AND tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_one(&self.orders)
+        .await?;
         Ok(open == 0 && undecided == 0)
     }
 

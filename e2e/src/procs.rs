@@ -21,6 +21,8 @@ pub struct Proc {
     child: Option<Child>,
     /// Times it was started (restarts included).
     pub starts: u32,
+    /// Started with fail points armed.
+    armed: bool,
 }
 
 /// The whole stack as processes, all sharing one environment.
@@ -49,6 +51,7 @@ impl Cluster {
             http,
             child: None,
             starts: 0,
+            armed: false,
         };
         self.procs.insert(name.to_owned(), p);
     }
@@ -69,7 +72,23 @@ impl Cluster {
                 .with_context(|| format!("start {}", p.bin.display()))?,
         );
         p.starts += 1;
+        p.armed = fail_points.is_some_and(|f| !f.is_empty());
         Ok(())
+    }
+
+    /// Puts `names` back as a scenario found them: running, without fail
+    /// points, whatever the scenario did or where it stopped.
+    pub fn restore(&mut self, names: &[String]) -> anyhow::Result<Vec<String>> {
+        let mut restarted = Vec::new();
+        for name in names {
+            let armed = self.procs.get(name).is_some_and(|p| p.armed);
+            if armed || self.exited(name) {
+                self.kill9(name);
+                self.start(name, None)?;
+                restarted.push(name.clone());
+            }
+        }
+        Ok(restarted)
     }
 
     pub fn start_all(&mut self) -> anyhow::Result<()> {

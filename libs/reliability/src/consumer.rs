@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
@@ -99,6 +99,10 @@ pub struct ConsumerConfig {
     pub max_attempts: u32,
     /// Delay before try n+1 is `retry_delay * n`.
     pub retry_delay: Duration,
+    /// Deliveries already waiting are applied together, up to this many, in
+    /// one transaction: one commit (one WAL flush) for the group. 1 turns
+    /// grouping off. A group that fails falls back to one at a time.
+    pub batch_max: usize,
     pub fail_points: FailPoints,
 }
 
@@ -117,6 +121,7 @@ impl ConsumerConfig {
             prefetch: 50,
             max_attempts: 5,
             retry_delay: Duration::from_millis(200),
+            batch_max: 32,
             fail_points: FailPoints::none(),
         }
     }
@@ -137,6 +142,7 @@ struct Counters {
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
     retries: AtomicU64,
+    grouped: AtomicU64,
 }
 
 /// Deliveries this consumer finished since it was built (the same figures
@@ -148,6 +154,8 @@ pub struct ConsumerStats {
     pub dead_lettered: u64,
     /// Failed tries that were retried (handler errors and outages alike).
     pub retries: u64,
+    /// Of the applied and duplicates, those committed as part of a group.
+    pub grouped: u64,
 }
 
 impl ConsumerStats {
@@ -174,6 +182,7 @@ impl<H: Handler> Consumer<H> {
             duplicates: self.stats.duplicates.load(Ordering::Relaxed),
             dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
             retries: self.stats.retries.load(Ordering::Relaxed),
+            grouped: self.stats.grouped.load(Ordering::Relaxed),
         }
     }
 
@@ -186,11 +195,53 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// Applies `event` once: dedup record, handler, offset, commit.
-    #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
-        let tenant =
-            TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()))?;
-        let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
+        let outcome = self.apply_in(&mut tx, event).await?;
+        if outcome == Outcome::Applied {
+            self.before_commit()?;
+        }
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Applies a group of events in one transaction, each under its own
+    /// tenant, in delivery order; all commit or none. A message seen twice
+    /// in the group is a duplicate the second time (its own dedup row).
+    async fn apply_group(
+        &self,
+        group: &[(Delivery, Envelope)],
+    ) -> Result<Vec<Outcome>, ApplyError> {
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[0].1)?).await?;
+        let mut outcomes = Vec::with_capacity(group.len());
+        for (delivery, event) in group {
+            tx.rescope(tenant_of(event)?).await?;
+            let applied =
+                crate::trace::scope(trace_context(delivery), self.apply_in(&mut tx, event));
+            outcomes.push(applied.await?);
+        }
+        if outcomes.contains(&Outcome::Applied) {
+            self.before_commit()?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    fn before_commit(&self) -> Result<(), ApplyError> {
+        match self
+            .config
+            .fail_points
+            .check(failpoint::CONSUMER_BEFORE_COMMIT)
+        {
+            Err(Error::FailPoint(name)) => Err(ApplyError::FailPoint(name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Dedup record, then the handler and the offset, in `tx` (not committed).
+    #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
+    async fn apply_in(&self, tx: &mut TenantTx, event: &Envelope) -> Result<Outcome, ApplyError> {
+        let tenant = tx.tenant();
         let fresh = sqlx::query(
             "INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
              VALUES ($1, $2, $3, $4)
@@ -200,7 +251,7 @@ impl<H: Handler> Consumer<H> {
         .bind(&self.config.name)
         .bind(&event.source)
         .bind(event.id)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?
         .rows_affected()
             == 1;
@@ -213,9 +264,8 @@ impl<H: Handler> Consumer<H> {
             .bind(tenant.get())
             .bind(&self.config.name)
             .bind(&event.source)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-            tx.commit().await?;
             return Ok(Outcome::Duplicate);
         }
         if let Err(Error::FailPoint(name)) =
@@ -223,7 +273,7 @@ impl<H: Handler> Consumer<H> {
         {
             return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
         }
-        self.handler.handle(&mut tx, event).await?;
+        self.handler.handle(tx, event).await?;
         // Last, so the hot per-tenant row is locked only until the commit.
         sqlx::query(
             "INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count)
@@ -237,16 +287,8 @@ impl<H: Handler> Consumer<H> {
         .bind(&self.config.name)
         .bind(&event.source)
         .bind(event.id)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
-        if let Err(Error::FailPoint(name)) = self
-            .config
-            .fail_points
-            .check(failpoint::CONSUMER_BEFORE_COMMIT)
-        {
-            return Err(ApplyError::FailPoint(name));
-        }
-        tx.commit().await?;
         Ok(Outcome::Applied)
     }
 
@@ -322,7 +364,20 @@ impl<H: Handler> Consumer<H> {
                     None => return Err(Error::Config("consumer stream ended".into())),
                 },
             };
-            if !self.process(delivery, shutdown).await? {
+            // Whatever else is already waiting joins it: one commit for all.
+            let mut group = vec![delivery];
+            while group.len() < self.config.batch_max {
+                match deliveries.next().now_or_never() {
+                    Some(Some(d)) => group.push(d?),
+                    _ => break,
+                }
+            }
+            let carry_on = if group.len() == 1 {
+                self.process(group.remove(0), shutdown).await?
+            } else {
+                self.process_group(group, shutdown).await?
+            };
+            if !carry_on {
                 return Ok(());
             }
         }
@@ -332,22 +387,88 @@ impl<H: Handler> Consumer<H> {
     /// false if shutdown came while it waited to retry (left unacked: the
     /// broker redelivers it to the next consumer).
     async fn process(&self, delivery: Delivery, shutdown: &CancellationToken) -> Result<bool> {
-        let event: Envelope = match serde_json::from_slice(&delivery.data) {
-            Ok(e) => e,
+        match self.parse(&delivery).await? {
+            Some(event) => self.settle_traced(delivery, event, shutdown).await,
+            None => Ok(true),
+        }
+    }
+
+    /// The envelope, or None once a malformed delivery is dead-lettered.
+    async fn parse(&self, delivery: &Delivery) -> Result<Option<Envelope>> {
+        match serde_json::from_slice(&delivery.data) {
+            Ok(e) => Ok(Some(e)),
             Err(e) => {
                 tracing::error!(consumer = %self.config.name, error = %e, "malformed message; dead-lettering");
-                self.dead_letter(&delivery, "malformed").await?;
-                return Ok(true);
+                self.dead_letter(delivery, "malformed").await?;
+                Ok(None)
             }
-        };
-        let ctx = broker::header_str(&delivery.properties, crate::trace::HEADER)
-            .and_then(|h| crate::trace::TraceContext::parse(&h))
-            .map_or_else(crate::trace::TraceContext::root, |parent| parent.child());
+        }
+    }
+
+    /// Several waiting deliveries in one transaction, acked after its commit.
+    /// If any fails, the group rolls back and each goes the one-at-a-time
+    /// way with its own retries and dead-lettering.
+    async fn process_group(
+        &self,
+        group: Vec<Delivery>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool> {
+        let mut parsed = Vec::with_capacity(group.len());
+        for delivery in group {
+            if let Some(event) = self.parse(&delivery).await? {
+                parsed.push((delivery, event));
+            }
+        }
+        if parsed.is_empty() {
+            return Ok(true);
+        }
+        match self.apply_group(&parsed).await {
+            Ok(outcomes) => {
+                self.config
+                    .fail_points
+                    .check(failpoint::CONSUMER_AFTER_COMMIT)?;
+                for ((delivery, _), outcome) in parsed.iter().zip(outcomes) {
+                    broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                    self.count(outcome);
+                    self.stats.grouped.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(true)
+            }
+            Err(ApplyError::FailPoint(name)) => Err(Error::FailPoint(name)),
+            Err(ApplyError::Handler(e)) => {
+                tracing::debug!(consumer = %self.config.name, error = %e, size = parsed.len(), "group failed; applying one at a time");
+                for (delivery, event) in parsed {
+                    if !self.settle_traced(delivery, event, shutdown).await? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    async fn settle_traced(
+        &self,
+        delivery: Delivery,
+        event: Envelope,
+        shutdown: &CancellationToken,
+    ) -> Result<bool> {
+        let ctx = trace_context(&delivery);
         let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
                                        event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %ctx.trace_id());
         crate::trace::scope(ctx, self.settle(delivery, event, shutdown))
             .instrument(span)
             .await
+    }
+
+    fn count(&self, outcome: Outcome) {
+        let (label, counter) = match outcome {
+            Outcome::Applied => ("applied", &self.stats.applied),
+            Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("consumer_messages_total", "consumer" => self.config.name.clone(), "outcome" => label)
+            .increment(1);
     }
 
     /// Applies, retries and finally acks or dead-letters one parsed delivery.
@@ -366,13 +487,7 @@ impl<H: Handler> Consumer<H> {
                         .fail_points
                         .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
-                    let (label, counter) = match outcome {
-                        Outcome::Applied => ("applied", &self.stats.applied),
-                        Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("consumer_messages_total", "consumer" => self.config.name.clone(), "outcome" => label)
-                        .increment(1);
+                    self.count(outcome);
                     return Ok(true);
                 }
                 Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
@@ -412,6 +527,17 @@ impl<H: Handler> Consumer<H> {
             .increment(1);
         Ok(())
     }
+}
+
+fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
+    TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
+}
+
+/// The W3C trace context the message carries, or a new root.
+fn trace_context(delivery: &Delivery) -> crate::trace::TraceContext {
+    broker::header_str(&delivery.properties, crate::trace::HEADER)
+        .and_then(|h| crate::trace::TraceContext::parse(&h))
+        .map_or_else(crate::trace::TraceContext::root, |parent| parent.child())
 }
 
 /// The database is unreachable or shedding load: not the message's fault.

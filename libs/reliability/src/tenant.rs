@@ -73,6 +73,17 @@ impl TenantTx {
         self.tenant
     }
 
+    /// Moves the open transaction to another tenant. Only the consumer
+    /// runtime does this, when it applies a group of waiting deliveries in
+    /// one transaction (one commit for the group), each under its own tenant.
+    pub(crate) async fn rescope(&mut self, tenant: TenantId) -> sqlx::Result<()> {
+        if tenant != self.tenant {
+            set_tenant(&mut self.tx, tenant).await?;
+            self.tenant = tenant;
+        }
+        Ok(())
+    }
+
     pub async fn commit(self) -> sqlx::Result<()> {
         self.tx.commit().await
     }

@@ -35,7 +35,7 @@ pub async fn many_relays(run: &mut Run, tenant: i64) -> Outcome {
         run.cluster.start(p, None)?;
     }
     let placed = run.client.orders(tenant, 200).await;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     for p in EXTRA {
         run.cluster.kill9(p);
     }
@@ -162,7 +162,7 @@ pub async fn provider_charges_then_fails(run: &mut Run, tenant: i64) -> Outcome 
         .await?
         .error_for_status()?;
     let placed = run.client.orders(tenant, 10).await;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     run.client
         .http
         .post("http://127.0.0.1:9090/control/faults")
@@ -282,7 +282,7 @@ pub async fn reordered(run: &mut Run, tenant: i64) -> Outcome {
     run.client.stock(tenant, &sku(tenant), 100).await?;
     run.cluster.kill9("projection-consumer");
     let placed = run.client.orders(tenant, 10).await;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     let moved = reverse_queue(&format!("{PREFIX}projection.views")).await;
     run.cluster.start("projection-consumer", None)?;
     placed?;
@@ -372,7 +372,7 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     run.cluster
         .start("projection-consumer", Some("consumer.handler=error*"))?;
     run.client.orders(tenant, 2).await?;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     let events = tenant_events(run, tenant).await?;
     // The stock adjustment may have been applied before the failures began.
     let before = u32::try_from(applied(&run.dbs, tenant, PROJECTION).await?)?;
@@ -495,7 +495,7 @@ pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
     }))
     .await;
     placed.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     let statuses: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
         "SELECT status, count(*) FROM orders WHERE tenant_id = $1 GROUP BY status",
     )

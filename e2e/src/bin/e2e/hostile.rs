@@ -236,7 +236,7 @@ pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
         .client
         .order(victim, "victim-1", "c-v", &format!("SKU-{victim}"), 2)
         .await?;
-    quiesce(run).await?;
+    quiesce(run, victim).await?;
     let (payment, captured_before): (i64, i64) = sqlx::query_as(
         "SELECT payment_id, amount_cents - refunded_cents FROM payments WHERE order_id = $1",
     )
@@ -302,7 +302,7 @@ pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
     )
     .await?;
     e.status("stock adjustment of another tenant's sku", &r, &[404, 422]);
-    quiesce(run).await?;
+    quiesce(run, victim).await?;
 
     let (_, captured_after): (i64, i64) = sqlx::query_as(
         "SELECT payment_id, amount_cents - refunded_cents FROM payments WHERE order_id = $1",

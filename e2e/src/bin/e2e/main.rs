@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use e2e::check::{Dbs, Verdict};
 use e2e::procs::Cluster;
+use futures_util::FutureExt;
 use reliability::auth::JwtKeys;
 use reliability::testing::{amqp_url, database_url, wait_until};
 use reliability::{TenantId, db};
@@ -39,6 +40,8 @@ struct Run {
     /// consumer DLQ, and rows expected in the outbox DLQ tables.
     poison: HashMap<String, u32>,
     outbox_poison: i64,
+    /// The processes of the stack proper (not the extra relays).
+    base: Vec<String>,
 }
 
 /// A client of the stack that retries like a real one.
@@ -185,15 +188,38 @@ async fn main() -> anyhow::Result<()> {
         }
         let t0 = Instant::now();
         println!("-- {name} (tenant {tenant})");
-        let (faults, extra) = match scenario(&mut run, tenant).await {
-            Ok(outcome) => outcome,
-            // A scenario that could not even drive its traffic is a failure
-            // of the system under test, not of the runner: report, go on.
-            Err(e) => (
+        let outcome = std::panic::AssertUnwindSafe(scenario(&mut run, tenant))
+            .catch_unwind()
+            .await;
+        let (faults, mut extra) = match outcome {
+            Ok(Ok(outcome)) => outcome,
+            // A scenario that could not drive its traffic or timed out
+            // waiting is a failure of the system under test, not of the
+            // runner: report it and go on.
+            Ok(Err(e)) => (
                 "(scenario aborted)".into(),
                 vec![format!("scenario: {e:#}")],
             ),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                (
+                    "(scenario aborted)".into(),
+                    vec![format!("scenario: {why}")],
+                )
+            }
         };
+        // Whatever happened, the next scenario starts from a whole stack.
+        let base = run.base.clone();
+        let restarted = run.cluster.restore(&base)?;
+        if !restarted.is_empty() {
+            extra.push(format!(
+                "scenario left {restarted:?} down or armed (restarted)"
+            ));
+        }
         let mut verdict = settle(&run, tenant).await?;
         verdict.violations.extend(extra);
         rows.push(Row {
@@ -363,6 +389,7 @@ async fn setup() -> anyhow::Result<Run> {
     }
     cluster.start_all()?;
     cluster.wait_ready().await?;
+    let base: Vec<String> = cluster.procs.keys().cloned().collect();
     // Extra relays, started by the scenario that runs several at once.
     for extra in ["orders-relay-2", "orders-relay-3"] {
         cluster.add(extra, bin("orders"), &["relay"], None);
@@ -382,6 +409,7 @@ async fn setup() -> anyhow::Result<Run> {
         client,
         poison: HashMap::new(),
         outbox_poison: 0,
+        base,
     })
 }
 
@@ -487,7 +515,7 @@ async fn settle(run: &Run, tenant: i64) -> anyhow::Result<Verdict> {
     loop {
         // A database or broker still coming back is "not yet", not a verdict.
         let attempt = async {
-            let quiet = run.dbs.quiet().await?;
+            let quiet = run.dbs.quiet(tenant).await?;
             let mut verdict = run.dbs.check(tenant, &charges(run).await?).await?;
             dead_letters(run, &mut verdict).await?;
             anyhow::Ok((quiet, verdict))
@@ -542,11 +570,12 @@ async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Outboxes drained and every order decided (between re-publishing rounds).
-/// Never fails: if it does not get quiet, the checker says why.
-async fn quiesce(run: &Run) -> anyhow::Result<()> {
+/// The tenant's outbox rows relayed and its orders decided (between the
+/// steps of a scenario). Never fails: if it does not get quiet, the checker
+/// says why.
+async fn quiesce(run: &Run, tenant: i64) -> anyhow::Result<()> {
     let deadline = Instant::now() + QUIET;
-    while !run.dbs.quiet().await? {
+    while !run.dbs.quiet(tenant).await.unwrap_or(false) {
         if Instant::now() >= deadline {
             println!("   not quiet after {QUIET:?}");
             break;
@@ -588,7 +617,7 @@ async fn baseline(run: &mut Run, tenant: i64) -> Outcome {
         .client
         .order(tenant, "unknown", "c-y", "NO-SUCH-SKU", 1)
         .await?;
-    quiesce(run).await?;
+    quiesce(run, tenant).await?;
     let mut violations = vec![];
     for (what, id) in [("too many units", too_many), ("unknown sku", unknown)] {
         let status = order_status(&run.dbs, id).await?;
@@ -692,7 +721,7 @@ async fn duplicate_storm(run: &mut Run, tenant: i64) -> anyhow::Result<(String, 
         .await?;
     run.client.orders(tenant, 10).await?;
     for round in 0..2 {
-        quiesce(run).await?;
+        quiesce(run, tenant).await?;
         for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
             sqlx::query("UPDATE outbox_messages SET processed_at = NULL WHERE tenant_id = $1")
                 .bind(tenant)
