@@ -13,6 +13,7 @@
 //! down) are retried without limit instead: an outage must not dead-letter
 //! healthy messages.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,6 +199,10 @@ impl<H: Handler> Consumer<H> {
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
         let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
         let outcome = self.apply_in(&mut tx, event).await?;
+        let applied = i64::from(outcome == Outcome::Applied);
+        // Last, so the hot per-tenant row is locked only until the commit.
+        self.bump_offsets(&mut tx, &event.source, event.id, applied, 1 - applied)
+            .await?;
         if outcome == Outcome::Applied {
             self.before_commit()?;
         }
@@ -205,26 +210,77 @@ impl<H: Handler> Consumer<H> {
         Ok(outcome)
     }
 
-    /// Applies a group of events in one transaction, each under its own
-    /// tenant, in delivery order; all commit or none. A message seen twice
-    /// in the group is a duplicate the second time (its own dedup row).
+    /// Applies a group of events in one transaction; all commit or none.
+    /// The group is taken tenant by tenant (a stable sort: each tenant's
+    /// events keep their delivery order; different tenants share nothing),
+    /// so the tenant is set once per tenant and the offsets row is written
+    /// once per tenant and source. A message seen twice in the group is a
+    /// duplicate the second time (its own dedup row).
     async fn apply_group(
         &self,
         group: &[(Delivery, Envelope)],
     ) -> Result<Vec<Outcome>, ApplyError> {
-        let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[0].1)?).await?;
-        let mut outcomes = Vec::with_capacity(group.len());
-        for (delivery, event) in group {
+        let mut order: Vec<usize> = (0..group.len()).collect();
+        order.sort_by_key(|&i| group[i].1.tenant_id);
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
+        let mut outcomes = vec![Outcome::Applied; group.len()];
+        // (tenant, source) -> (highest id, applied, duplicates)
+        let mut tallies: BTreeMap<(i64, &str), (i64, i64, i64)> = BTreeMap::new();
+        for &i in &order {
+            let (delivery, event) = &group[i];
             tx.rescope(tenant_of(event)?).await?;
             let applied =
                 crate::trace::scope(trace_context(delivery), self.apply_in(&mut tx, event));
-            outcomes.push(applied.await?);
+            outcomes[i] = applied.await?;
+            let tally = tallies
+                .entry((event.tenant_id, event.source.as_str()))
+                .or_default();
+            tally.0 = tally.0.max(event.id);
+            match outcomes[i] {
+                Outcome::Applied => tally.1 += 1,
+                Outcome::Duplicate => tally.2 += 1,
+            }
+        }
+        for ((tenant, source), (last, applied, duplicates)) in tallies {
+            tx.rescope(tenant_of_id(tenant)?).await?;
+            self.bump_offsets(&mut tx, source, last, applied, duplicates)
+                .await?;
         }
         if outcomes.contains(&Outcome::Applied) {
             self.before_commit()?;
         }
         tx.commit().await?;
         Ok(outcomes)
+    }
+
+    /// Progress per tenant and source: the highest id seen, events applied,
+    /// duplicates absorbed (shown by `reliability offsets` and the e2e table).
+    async fn bump_offsets(
+        &self,
+        tx: &mut TenantTx,
+        source: &str,
+        last_seen: i64,
+        applied: i64,
+        duplicates: i64,
+    ) -> Result<(), ApplyError> {
+        sqlx::query(
+            "INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count, duplicate_count)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (tenant_id, consumer, source) DO UPDATE
+             SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
+                 applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
+                 duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
+                 updated_at = now()",
+        )
+        .bind(tx.tenant().get())
+        .bind(&self.config.name)
+        .bind(source)
+        .bind(last_seen)
+        .bind(applied)
+        .bind(duplicates)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     fn before_commit(&self) -> Result<(), ApplyError> {
@@ -238,16 +294,15 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// Dedup record, then the handler and the offset, in `tx` (not committed).
+    /// The dedup record, then (if new) the handler, in `tx` (not committed).
     #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
     async fn apply_in(&self, tx: &mut TenantTx, event: &Envelope) -> Result<Outcome, ApplyError> {
-        let tenant = tx.tenant();
         let fresh = sqlx::query(
             "INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
              VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
         )
-        .bind(tenant.get())
+        .bind(tx.tenant().get())
         .bind(&self.config.name)
         .bind(&event.source)
         .bind(event.id)
@@ -256,16 +311,6 @@ impl<H: Handler> Consumer<H> {
         .rows_affected()
             == 1;
         if !fresh {
-            // Counted so that absorbed duplicates show; the handler never runs.
-            sqlx::query(
-                "UPDATE consumer_offsets SET duplicate_count = duplicate_count + 1
-                 WHERE tenant_id = $1 AND consumer = $2 AND source = $3",
-            )
-            .bind(tenant.get())
-            .bind(&self.config.name)
-            .bind(&event.source)
-            .execute(&mut **tx)
-            .await?;
             return Ok(Outcome::Duplicate);
         }
         if let Err(Error::FailPoint(name)) =
@@ -274,21 +319,6 @@ impl<H: Handler> Consumer<H> {
             return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
         }
         self.handler.handle(tx, event).await?;
-        // Last, so the hot per-tenant row is locked only until the commit.
-        sqlx::query(
-            "INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count)
-             VALUES ($1, $2, $3, $4, 1)
-             ON CONFLICT (tenant_id, consumer, source) DO UPDATE
-             SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
-                 applied_count = consumer_offsets.applied_count + 1,
-                 updated_at = now()",
-        )
-        .bind(tenant.get())
-        .bind(&self.config.name)
-        .bind(&event.source)
-        .bind(event.id)
-        .execute(&mut **tx)
-        .await?;
         Ok(Outcome::Applied)
     }
 
@@ -530,7 +560,11 @@ impl<H: Handler> Consumer<H> {
 }
 
 fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
-    TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
+    tenant_of_id(event.tenant_id)
+}
+
+fn tenant_of_id(id: i64) -> Result<TenantId, ApplyError> {
+    TenantId::new(id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
 }
 
 /// The W3C trace context the message carries, or a new root.
