@@ -11,7 +11,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions};
 use reliability::broker::{self, Outgoing, Publisher};
 use reliability::testing::{amqp_url, database_url, wait_until};
 use reliability::{TenantId, TenantTx, db};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::{Outcome, PREFIX, Run, bin, orders_of, quiesce};
@@ -510,23 +510,12 @@ pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
             .bind(&sku)
             .fetch_one(&run.dbs.inventory)
             .await?;
-    let charges: Value = run
-        .client
-        .http
-        .get("http://127.0.0.1:9090/control/charges")
-        .send()
+    let prefix = format!("pay-{tenant}-");
+    let charged = crate::charges(run)
         .await?
-        .json()
-        .await?;
-    let charged = charges["charges"].as_array().map_or(0, |a| {
-        a.iter()
-            .filter(|c| {
-                c["key"]
-                    .as_str()
-                    .is_some_and(|k| k.starts_with(&format!("pay-{tenant}-")))
-            })
-            .count()
-    });
+        .keys()
+        .filter(|k| k.starts_with(&prefix))
+        .count();
     let confirmed = statuses.get("confirmed").copied().unwrap_or(0);
     let mut violations = vec![];
     if confirmed != 10 || on_hand != 0 || reserved != 0 || charged != 10 {

@@ -56,6 +56,25 @@ async fn send(
     })
 }
 
+/// A POST with a key and a JSON body, as sent.
+async fn post(
+    run: &Run,
+    url: &str,
+    token: Option<&str>,
+    key: &[u8],
+    body: Vec<u8>,
+) -> anyhow::Result<Reply> {
+    send(
+        run,
+        reqwest::Method::POST,
+        url,
+        token,
+        Some(key),
+        Some(body),
+    )
+    .await
+}
+
 fn order_body(tenant: i64, quantity: i64) -> Vec<u8> {
     json!({"customer_id": "c-1", "currency": "EUR",
            "lines": [{"sku": format!("SKU-{tenant}"), "quantity": quantity, "unit_price_cents": 1250}]})
@@ -95,29 +114,12 @@ pub async fn key_rules(run: &mut Run, tenant: i64) -> Outcome {
         .await?;
     let token = run.client.token(tenant);
     let t = Some(token.as_str());
-    let post = reqwest::Method::POST;
     let url = format!("{ORDERS}/orders");
     let mut e = Expect::default();
 
-    let first = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-1"),
-        Some(order_body(tenant, 1)),
-    )
-    .await?;
+    let first = post(run, &url, t, b"k-1", order_body(tenant, 1)).await?;
     e.status("first POST", &first, &[201]);
-    let again = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-1"),
-        Some(order_body(tenant, 1)),
-    )
-    .await?;
+    let again = post(run, &url, t, b"k-1", order_body(tenant, 1)).await?;
     e.status("replay", &again, &[201]);
     e.that(again.replayed && again.body == first.body, || {
         format!("I3: a replay must answer the stored response with Idempotent-Replayed: true; got {} (replayed {})", again.body, again.replayed)
@@ -126,25 +128,9 @@ pub async fn key_rules(run: &mut Run, tenant: i64) -> Outcome {
     let reordered = format!(
         r#"{{ "lines": [{{"unit_price_cents": 1250, "quantity": 1, "sku": "SKU-{tenant}"}}], "currency": "EUR", "customer_id": "c-1" }}"#
     );
-    let same = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-1"),
-        Some(reordered.into_bytes()),
-    )
-    .await?;
+    let same = post(run, &url, t, b"k-1", reordered.into_bytes()).await?;
     e.status("same body, keys reordered", &same, &[201]);
-    let other = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-1"),
-        Some(order_body(tenant, 2)),
-    )
-    .await?;
+    let other = post(run, &url, t, b"k-1", order_body(tenant, 2)).await?;
     e.status("same key, other body", &other, &[409]);
 
     let long = vec![b'a'; 256];
@@ -156,40 +142,24 @@ pub async fn key_rules(run: &mut Run, tenant: i64) -> Outcome {
         ("key with a space", Some(&b"a b"[..])),
         ("non-ASCII key", Some("café".as_bytes())),
     ] {
-        let r = send(run, post.clone(), &url, t, key, Some(order_body(tenant, 1))).await?;
+        let r = send(
+            run,
+            reqwest::Method::POST,
+            &url,
+            t,
+            key,
+            Some(order_body(tenant, 1)),
+        )
+        .await?;
         e.status(what, &r, &[400]);
     }
-    let r = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(&longest),
-        Some(order_body(tenant, 1)),
-    )
-    .await?;
+    let r = post(run, &url, t, &longest, order_body(tenant, 1)).await?;
     e.status("255-character key", &r, &[201]);
 
     // A 4xx is an answer too: stored and replayed.
-    let bad = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-bad"),
-        Some(order_body(tenant, 0)),
-    )
-    .await?;
+    let bad = post(run, &url, t, b"k-bad", order_body(tenant, 0)).await?;
     e.status("invalid order", &bad, &[422]);
-    let bad_again = send(
-        run,
-        post.clone(),
-        &url,
-        t,
-        Some(b"k-bad"),
-        Some(order_body(tenant, 0)),
-    )
-    .await?;
+    let bad_again = post(run, &url, t, b"k-bad", order_body(tenant, 0)).await?;
     e.status("invalid order replayed", &bad_again, &[422]);
     e.that(bad_again.replayed, || {
         "I3: a stored 422 must be replayed with Idempotent-Replayed: true".into()
@@ -197,15 +167,7 @@ pub async fn key_rules(run: &mut Run, tenant: i64) -> Outcome {
 
     // Keys belong to a tenant: another tenant's same key is another request.
     let stranger = run.client.token(tenant + 200);
-    let theirs = send(
-        run,
-        post.clone(),
-        &url,
-        Some(&stranger),
-        Some(b"k-1"),
-        Some(order_body(tenant, 1)),
-    )
-    .await?;
+    let theirs = post(run, &url, Some(&stranger), b"k-1", order_body(tenant, 1)).await?;
     e.status("another tenant, same key", &theirs, &[201]);
     e.that(
         !theirs.replayed && theirs.body["order_id"] != first.body["order_id"],
@@ -248,7 +210,6 @@ pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
     let token = run.client.token(tenant);
     let t = Some(token.as_str());
     let get = reqwest::Method::GET;
-    let post = reqwest::Method::POST;
     let mut e = Expect::default();
     let mut leaked = 0;
     for (what, url) in [
@@ -281,24 +242,22 @@ pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
         format!("I7: payments of another tenant's order listed: {}", r.body)
     });
     let refund = json!({"payment_id": payment, "amount_cents": 100}).to_string();
-    let r = send(
+    let r = post(
         run,
-        post.clone(),
         "http://127.0.0.1:9083/refunds",
         t,
-        Some(b"x-refund"),
-        Some(refund.into_bytes()),
+        b"x-refund",
+        refund.into_bytes(),
     )
     .await?;
     e.status("refund of another tenant's payment", &r, &[404]);
     let adjust = json!({"sku": format!("SKU-{victim}"), "delta": -5, "reason": "x"}).to_string();
-    let r = send(
+    let r = post(
         run,
-        post.clone(),
         "http://127.0.0.1:9082/stock/adjustments",
         t,
-        Some(b"x-adjust"),
-        Some(adjust.into_bytes()),
+        b"x-adjust",
+        adjust.into_bytes(),
     )
     .await?;
     e.status("stock adjustment of another tenant's sku", &r, &[404, 422]);
@@ -422,7 +381,6 @@ pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
     let later = now + 3600;
     let good = run.client.token(tenant);
     let t = Some(good.as_str());
-    let post = reqwest::Method::POST;
     let url = format!("{ORDERS}/orders");
     let mut e = Expect::default();
 
@@ -477,13 +435,12 @@ pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
     ];
     for (i, (what, token)) in tokens.iter().enumerate() {
         let key = format!("tok-{i}");
-        let r = send(
+        let r = post(
             run,
-            post.clone(),
             &url,
             token.as_deref(),
-            Some(key.as_bytes()),
-            Some(order_body(tenant, 1)),
+            key.as_bytes(),
+            order_body(tenant, 1),
         )
         .await?;
         e.status(&format!("POST with {what}"), &r, &[401]);
@@ -680,15 +637,7 @@ pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
     ];
     for (i, (what, body, allowed)) in bodies.into_iter().enumerate() {
         let key = format!("body-{i}");
-        let r = send(
-            run,
-            post.clone(),
-            &url,
-            t,
-            Some(key.as_bytes()),
-            Some(body.into_bytes()),
-        )
-        .await?;
+        let r = post(run, &url, t, key.as_bytes(), body.into_bytes()).await?;
         e.status(what, &r, allowed);
     }
     for (what, url) in [
@@ -710,7 +659,7 @@ pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
     for (i, amount) in [json!(0), json!(-5), json!("5")].into_iter().enumerate() {
         let r = send(
             run,
-            post.clone(),
+            reqwest::Method::POST,
             "http://127.0.0.1:9083/refunds",
             t,
             Some(format!("rf-{i}").as_bytes()),
