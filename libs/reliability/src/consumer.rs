@@ -1,7 +1,8 @@
 //! The consumer runtime (invariants I2 and I8): each delivered event changes
 //! a consumer's state exactly once, whatever the delivery count or order.
 //!
-//! Per message, one transaction holds: the dedup record
+//! Per message (or per group of waiting messages: docs/adr/0009), one
+//! transaction holds: the dedup record
 //! `(tenant, consumer, source, message id)`, the handler's state change and
 //! outbox rows, and the `consumer_offsets` advance. Commit, then ack. A
 //! redelivery finds the dedup record and is acked without effect. Why a
@@ -13,7 +14,7 @@
 //! down) are retried without limit instead: an outage must not dead-letter
 //! healthy messages.
 
-use std::collections::BTreeMap;
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -195,17 +196,17 @@ impl<H: Handler> Consumer<H> {
         &self.handler
     }
 
-    /// Applies `event` once: dedup record, handler, offset, commit.
+    /// Applies `event` once: dedup record and offset, handler, commit.
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
         let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
-        let outcome = self.apply_in(&mut tx, event).await?;
-        let applied = i64::from(outcome == Outcome::Applied);
-        // Last, so the hot per-tenant row is locked only until the commit.
-        self.bump_offsets(&mut tx, &event.source, event.id, applied, 1 - applied)
-            .await?;
-        if outcome == Outcome::Applied {
+        let fresh = self.record(&mut tx, &[event]).await?;
+        let outcome = if fresh.is_empty() {
+            Outcome::Duplicate
+        } else {
+            self.handle(&mut tx, event).await?;
             self.before_commit()?;
-        }
+            Outcome::Applied
+        };
         tx.commit().await?;
         Ok(outcome)
     }
@@ -213,9 +214,10 @@ impl<H: Handler> Consumer<H> {
     /// Applies a group of events in one transaction; all commit or none.
     /// The group is taken tenant by tenant (a stable sort: each tenant's
     /// events keep their delivery order; different tenants share nothing),
-    /// so the tenant is set once per tenant and the offsets row is written
-    /// once per tenant and source. A message seen twice in the group is a
-    /// duplicate the second time (its own dedup row).
+    /// so each tenant costs one `set_config` and one statement that records
+    /// all its events and advances its offsets; then the handler runs for
+    /// each fresh event. A message seen twice in the group is applied the
+    /// first time, a duplicate after.
     async fn apply_group(
         &self,
         group: &[(Delivery, Envelope)],
@@ -223,28 +225,20 @@ impl<H: Handler> Consumer<H> {
         let mut order: Vec<usize> = (0..group.len()).collect();
         order.sort_by_key(|&i| group[i].1.tenant_id);
         let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
-        let mut outcomes = vec![Outcome::Applied; group.len()];
-        // (tenant, source) -> (highest id, applied, duplicates)
-        let mut tallies: BTreeMap<(i64, &str), (i64, i64, i64)> = BTreeMap::new();
-        for &i in &order {
-            let (delivery, event) = &group[i];
-            tx.rescope(tenant_of(event)?).await?;
-            let applied =
-                crate::trace::scope(trace_context(delivery), self.apply_in(&mut tx, event));
-            outcomes[i] = applied.await?;
-            let tally = tallies
-                .entry((event.tenant_id, event.source.as_str()))
-                .or_default();
-            tally.0 = tally.0.max(event.id);
-            match outcomes[i] {
-                Outcome::Applied => tally.1 += 1,
-                Outcome::Duplicate => tally.2 += 1,
+        let mut outcomes = vec![Outcome::Duplicate; group.len()];
+        for run in order.chunk_by(|&a, &b| group[a].1.tenant_id == group[b].1.tenant_id) {
+            tx.rescope(tenant_of(&group[run[0]].1)?).await?;
+            let events: Vec<&Envelope> = run.iter().map(|&i| &group[i].1).collect();
+            let mut fresh = self.record(&mut tx, &events).await?;
+            for &i in run {
+                let (delivery, event) = &group[i];
+                if fresh.remove(&(event.source.clone(), event.id)) {
+                    let applied =
+                        crate::trace::scope(trace_context(delivery), self.handle(&mut tx, event));
+                    applied.await?;
+                    outcomes[i] = Outcome::Applied;
+                }
             }
-        }
-        for ((tenant, source), (last, applied, duplicates)) in tallies {
-            tx.rescope(tenant_of_id(tenant)?).await?;
-            self.bump_offsets(&mut tx, source, last, applied, duplicates)
-                .await?;
         }
         if outcomes.contains(&Outcome::Applied) {
             self.before_commit()?;
@@ -253,34 +247,51 @@ impl<H: Handler> Consumer<H> {
         Ok(outcomes)
     }
 
-    /// Progress per tenant and source: the highest id seen, events applied,
-    /// duplicates absorbed (shown by `reliability offsets` and the e2e table).
-    async fn bump_offsets(
+    /// One statement for any number of one tenant's events: the dedup
+    /// records (the ones that already exist are duplicates) and, per
+    /// source, the progress row (highest id seen, events applied,
+    /// duplicates absorbed; shown by `reliability offsets` and the e2e
+    /// table). Returns the `(source, id)` pairs recorded now: the events to
+    /// apply. The progress row is locked from here to the commit, so appliers
+    /// of one tenant and source queue on it before touching handler state.
+    async fn record(
         &self,
         tx: &mut TenantTx,
-        source: &str,
-        last_seen: i64,
-        applied: i64,
-        duplicates: i64,
-    ) -> Result<(), ApplyError> {
-        sqlx::query(
-            "INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count, duplicate_count)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (tenant_id, consumer, source) DO UPDATE
-             SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
-                 applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
-                 duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
-                 updated_at = now()",
+        events: &[&Envelope],
+    ) -> Result<HashSet<(String, i64)>, ApplyError> {
+        let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let fresh: Vec<(String, i64)> = sqlx::query_as(
+            "WITH seen AS (
+                 SELECT * FROM unnest($3::text[], $4::bigint[]) AS s (source, message_id)
+             ), fresh AS (
+                 INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+                 SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
+                 ORDER BY source, message_id -- one lock order for concurrent appliers
+                 ON CONFLICT DO NOTHING
+                 RETURNING source, message_id
+             ), progress AS (
+                 SELECT source, max(message_id) AS last_seen, count(*) AS seen,
+                        (SELECT count(*) FROM fresh f WHERE f.source = s.source) AS applied
+                 FROM seen s GROUP BY source
+             ), bumped AS (
+                 INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count, duplicate_count)
+                 SELECT $1, $2, source, last_seen, applied, seen - applied FROM progress ORDER BY source
+                 ON CONFLICT (tenant_id, consumer, source) DO UPDATE
+                 SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
+                     applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
+                     duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
+                     updated_at = now()
+             )
+             SELECT source, message_id FROM fresh",
         )
         .bind(tx.tenant().get())
         .bind(&self.config.name)
-        .bind(source)
-        .bind(last_seen)
-        .bind(applied)
-        .bind(duplicates)
-        .execute(&mut **tx)
+        .bind(&sources)
+        .bind(&ids)
+        .fetch_all(&mut **tx)
         .await?;
-        Ok(())
+        Ok(fresh.into_iter().collect())
     }
 
     fn before_commit(&self) -> Result<(), ApplyError> {
@@ -294,32 +305,16 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// The dedup record, then (if new) the handler, in `tx` (not committed).
+    /// The handler for a freshly recorded event, in `tx` (not committed).
     #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
-    async fn apply_in(&self, tx: &mut TenantTx, event: &Envelope) -> Result<Outcome, ApplyError> {
-        let fresh = sqlx::query(
-            "INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
-             VALUES ($1, $2, $3, $4)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(tx.tenant().get())
-        .bind(&self.config.name)
-        .bind(&event.source)
-        .bind(event.id)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if !fresh {
-            return Ok(Outcome::Duplicate);
-        }
+    async fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> Result<(), ApplyError> {
         if let Err(Error::FailPoint(name)) =
             self.config.fail_points.check(failpoint::CONSUMER_HANDLER)
         {
             return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
         }
         self.handler.handle(tx, event).await?;
-        Ok(Outcome::Applied)
+        Ok(())
     }
 
     /// Consumes until `shutdown`, reconnecting after broker or database
@@ -457,8 +452,11 @@ impl<H: Handler> Consumer<H> {
                 self.config
                     .fail_points
                     .check(failpoint::CONSUMER_AFTER_COMMIT)?;
-                for ((delivery, _), outcome) in parsed.iter().zip(outcomes) {
-                    broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                // One ack for the group: every earlier delivery on this
+                // channel is settled already (deliveries are handled in turn).
+                let (last, _) = parsed.last().expect("a group is never empty");
+                broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
+                for outcome in outcomes {
                     self.count(outcome);
                     self.stats.grouped.fetch_add(1, Ordering::Relaxed);
                 }

@@ -130,6 +130,21 @@ async fn shuffled_and_repeated_deliveries_apply_each_event_exactly_once() {
         offsets.iter().all(|(_, _, last)| *last >= 18),
         "offsets advance to the highest id: {offsets:?}"
     );
+    // Progress counts what happened, group by group: applied once each,
+    // every other delivery a duplicate absorbed.
+    let (applied, duplicates): (i64, i64) = sqlx::query_as(
+        "SELECT sum(applied_count)::bigint, sum(duplicate_count)::bigint FROM consumer_offsets",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        (applied, duplicates),
+        (
+            events.len() as i64,
+            (deliveries.len() - events.len()) as i64
+        )
+    );
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
