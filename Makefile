@@ -84,10 +84,13 @@ e2e: ## crash, restart and retry scenarios against the stack as real processes; 
 	cargo build --quiet --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
 
+# The bench also runs the stack as processes (per-role RSS): their binaries too.
+SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim
+
 bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ~10 min); rewrites docs/benchmarks.md
-	cargo build --quiet --locked --release -p bench
+	cargo build --quiet --locked --release -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/release/bench
 
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
-	cargo build --quiet --locked -p bench
+	cargo build --quiet --locked -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke

@@ -42,6 +42,8 @@ struct Sizes {
     /// Orders followed to `confirmed` at light load, and per client at heavy.
     e2e_light: usize,
     e2e_heavy: usize,
+    /// Orders per tenant (4 tenants) through the stack run as processes.
+    procs_orders: usize,
 }
 
 impl Sizes {
@@ -69,6 +71,7 @@ impl Sizes {
                 replays: 50,
                 e2e_light: 3,
                 e2e_heavy: 2,
+                procs_orders: 5,
             }
         } else {
             Self {
@@ -78,6 +81,7 @@ impl Sizes {
                 replays: 2_000,
                 e2e_light: 100,
                 e2e_heavy: 20,
+                procs_orders: 500,
             }
         }
     }
@@ -135,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
         "{:<44} {:<40} {:<28} {:>7}  target",
         "measure", "figure", "limit", "ratio"
     );
-    // For quick iterations on one part: BENCH_ONLY=relay,http,e2e (no report).
+    // For quick iterations on one part: BENCH_ONLY=relay,http,e2e,procs (no report).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let runs = |part: &str| only.is_empty() || only.split(',').any(|p| p.trim() == part);
     let mut table = Table::default();
@@ -153,8 +157,11 @@ async fn main() -> anyhow::Result<()> {
         &format!("{} MiB", peak_rss_kib() / 1024),
         "",
         "",
-        "all services ran in this process",
+        "the in-process stack of the parts above",
     ]);
+    if runs("procs") {
+        processes(&sizes, &mut table).await?;
+    }
     let secs = started.elapsed().as_secs();
     println!("bench: done in {secs}s");
     if !smoke && only.is_empty() {
@@ -669,6 +676,101 @@ async fn end_to_end(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
         "",
     ]);
     stack.stop().await;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- processes
+
+/// The stack as separate processes, as `make up` and `make e2e` run it
+/// (binaries of the bench's own profile): the order rate through the whole
+/// saga, and the peak RSS of each service role under that load.
+async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
+    use e2e::cluster::{self, CONSUMERS, Client, Layout};
+    let layout = Layout {
+        name: "bench",
+        port_base: 9180,
+        profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    };
+    let (mut procs, dbs) = cluster::launch(&layout, &[("RUST_LOG", "warn")]).await?;
+    let client = Client::new(&layout)?;
+    let tenants = 1..=4_i64;
+    for tenant in tenants.clone() {
+        client
+            .stock(tenant, &format!("SKU-{tenant}"), 1_000_000)
+            .await?;
+    }
+    let t0 = Instant::now();
+    let placed = futures_util::future::join_all(
+        tenants
+            .clone()
+            .map(|tenant| client.orders(tenant, s.procs_orders)),
+    )
+    .await;
+    let mut orders = 0;
+    for p in placed {
+        orders += p?.len();
+    }
+    let posted = t0.elapsed().as_secs_f64();
+    let deadline = t0 + Duration::from_secs(600);
+    for tenant in tenants {
+        while !dbs.quiet(tenant).await? {
+            anyhow::ensure!(Instant::now() < deadline, "tenant {tenant} never settled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let decided = t0.elapsed().as_secs_f64();
+    let rss = procs.peak_rss_kib();
+    procs.stop_all();
+    t.row([
+        &format!("orders through the saga, as processes: {orders} orders, 4 tenants x 16 clients"),
+        &format!("{:.0} orders/s decided", orders as f64 / decided),
+        &format!("{:.0} orders/s accepted", orders as f64 / posted),
+        "",
+        "",
+    ]);
+    let mib = |name: &str| rss.get(name).map(|kib| kib / 1024);
+    for svc in ["orders", "inventory", "payments", "projection"] {
+        let roles: Vec<String> = ["api", "consumer", "relay"]
+            .iter()
+            .filter_map(|role| Some(format!("{role} {}", mib(&format!("{svc}-{role}"))?)))
+            .collect();
+        t.row([
+            &format!("peak RSS under that load, {svc}"),
+            &format!("{} MiB", roles.join(" / ")),
+            "",
+            "",
+            "one process per role",
+        ]);
+    }
+    t.row([
+        "peak RSS under that load, provider simulator",
+        &format!("{} MiB", mib("psp-sim").unwrap_or_default()),
+        "",
+        "",
+        "",
+    ]);
+    // Leave nothing behind: the databases and the run's queues and exchange.
+    for pool in [&dbs.orders, &dbs.inventory, &dbs.payments, &dbs.projection] {
+        pool.close().await;
+    }
+    let admin = sqlx::PgPool::connect(&database_url()).await?;
+    for svc in ["orders", "inventory", "payments", "projection"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {}_{svc} WITH (FORCE)",
+            layout.name
+        )))
+        .execute(&admin)
+        .await?;
+    }
+    let queues: Vec<String> = CONSUMERS
+        .iter()
+        .map(|c| format!("{}{c}", layout.queue_prefix()))
+        .collect();
+    reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
     Ok(())
 }
 

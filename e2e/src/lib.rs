@@ -4,6 +4,7 @@
 //! on the real broker.
 
 pub mod check;
+pub mod cluster;
 pub mod procs;
 
 use std::time::Duration;

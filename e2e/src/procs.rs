@@ -159,6 +159,27 @@ impl Cluster {
         Ok(())
     }
 
+    /// Peak resident set (`VmHWM`, KiB) of each running process since its
+    /// last start.
+    pub fn peak_rss_kib(&self) -> BTreeMap<String, u64> {
+        self.procs
+            .values()
+            .filter_map(|p| {
+                let pid = p.child.as_ref()?.id();
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let kib = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((p.name.clone(), kib))
+            })
+            .collect()
+    }
+
     pub fn stop_all(&mut self) {
         let names: Vec<String> = self.procs.keys().cloned().collect();
         for name in names {

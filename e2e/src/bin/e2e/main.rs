@@ -10,26 +10,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use e2e::check::{Dbs, Verdict};
+use e2e::cluster::{self, CONSUMERS, Client, Layout, SECRET};
 use e2e::procs::Cluster;
 use futures_util::FutureExt;
-use reliability::auth::JwtKeys;
-use reliability::testing::{amqp_url, database_url, wait_until};
-use reliability::{TenantId, db};
-use serde_json::{Value, json};
-use sqlx::postgres::PgConnectOptions;
+use reliability::testing::{amqp_url, wait_until};
+use serde_json::Value;
 
-const SECRET: &str = "e2e-secret";
 const PREFIX: &str = "e2e.";
-const CONSUMERS: [&str; 4] = [
-    "orders.saga",
-    "inventory.stock",
-    "payments.charges",
-    "projection.views",
-];
 const QUIET: Duration = Duration::from_secs(120);
 
 struct Run {
@@ -42,12 +32,6 @@ struct Run {
     outbox_poison: i64,
     /// The processes of the stack proper (not the extra relays).
     base: Vec<String>,
-}
-
-/// A client of the stack that retries like a real one.
-struct Client {
-    http: reqwest::Client,
-    jwt: JwtKeys,
 }
 
 struct Row {
@@ -287,224 +271,35 @@ fn report(rows: &[Row], total: f64) -> bool {
     failed
 }
 
+/// The stack's layout: ports 9081-9084 and 9090, databases `e2e_*`.
+const LAYOUT: Layout = Layout {
+    name: "e2e",
+    port_base: 9080,
+    profile: "debug",
+};
+
 fn bin(name: &str) -> PathBuf {
-    PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
-        .join("debug")
-        .join(name)
+    LAYOUT.bin(name)
 }
 
 async fn setup() -> anyhow::Result<Run> {
-    let admin_opts = PgConnectOptions::from_str(&database_url())?;
-    let admin = db::pool(admin_opts.clone(), 2).await?;
-    db::ensure_roles(&admin).await?;
-    let mut owners = Vec::new();
-    for (name, migrations) in [
-        ("e2e_orders", &orders::MIGRATIONS),
-        ("e2e_inventory", &inventory::MIGRATIONS),
-        ("e2e_payments", &payments::MIGRATIONS),
-        ("e2e_projection", &projection::MIGRATIONS),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await?;
-        db::ensure_database(&admin, name).await?;
-        let owner = db::pool(
-            db::options_for_role(&admin_opts.clone().database(name), db::OWNER_ROLE),
-            4,
-        )
-        .await?;
-        db::migrate(&owner, Some(migrations)).await?;
-        owners.push(owner);
-    }
-    let dbs = Dbs {
-        orders: owners[0].clone(),
-        inventory: owners[1].clone(),
-        payments: owners[2].clone(),
-        projection: owners[3].clone(),
-    };
-
-    // Queues of an earlier run would deliver its events into these fresh databases.
-    let conn = reliability::broker::connect(&amqp_url(), "e2e-setup").await?;
-    let channel = conn.create_channel().await?;
-    for c in CONSUMERS {
-        for q in [
-            format!("{PREFIX}{c}"),
-            reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}")),
-        ] {
-            channel
-                .queue_delete(
-                    q.as_str().into(),
-                    lapin::options::QueueDeleteOptions::default(),
-                )
-                .await?;
-        }
-    }
-    conn.close(200, "setup done".into()).await?;
-
-    let pg = format!(
-        "postgres://{}:{}",
-        admin_opts.get_host(),
-        admin_opts.get_port()
-    );
-    let env: Vec<(String, String)> = [
-        ("AMQP_URL", amqp_url()),
-        ("EVENTS_EXCHANGE", "e2e.events".to_owned()),
-        ("QUEUE_PREFIX", PREFIX.to_owned()),
-        ("JWT_SECRET", SECRET.to_owned()),
-        ("ORDERS_DATABASE_URL", format!("{pg}/e2e_orders")),
-        ("INVENTORY_DATABASE_URL", format!("{pg}/e2e_inventory")),
-        ("PAYMENTS_DATABASE_URL", format!("{pg}/e2e_payments")),
-        ("PROJECTION_DATABASE_URL", format!("{pg}/e2e_projection")),
-        ("ORDERS_PORT", "9081".into()),
-        ("INVENTORY_PORT", "9082".into()),
-        ("PAYMENTS_PORT", "9083".into()),
-        ("PROJECTION_PORT", "9084".into()),
-        ("PSP_SIM_PORT", "9090".into()),
-        ("PSP_URL", "http://127.0.0.1:9090".into()),
-        ("PSP_LEASE_SECS", "2".into()),
-        ("PSP_TIMEOUT_MS", "1000".into()),
-        // Backoff in steps of 200 ms (not 30 s): an unroutable event reaches
-        // the DLQ table after 10 attempts in about 10 s.
-        ("RELAY_BACKOFF_MS", "200".into()),
-        ("RUST_LOG", "info".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let mut cluster = Cluster::new(env, PathBuf::from(".run/e2e"))?;
-    cluster.add("psp-sim", bin("psp-sim"), &[], Some(9090));
-    for (svc, port) in [
-        ("orders", 9081),
-        ("inventory", 9082),
-        ("payments", 9083),
-        ("projection", 9084),
-    ] {
-        cluster.add(&format!("{svc}-api"), bin(svc), &["serve"], Some(port));
-        cluster.add(&format!("{svc}-consumer"), bin(svc), &["consume"], None);
-        if svc != "projection" {
-            cluster.add(&format!("{svc}-relay"), bin(svc), &["relay"], None);
-        }
-    }
-    cluster.start_all()?;
-    cluster.wait_ready().await?;
+    // Backoff in steps of 200 ms (not 30 s): an unroutable event reaches
+    // the DLQ table after 10 attempts in about 10 s.
+    let (mut cluster, dbs) = cluster::launch(&LAYOUT, &[("RELAY_BACKOFF_MS", "200")]).await?;
     let base: Vec<String> = cluster.procs.keys().cloned().collect();
     // Extra relays, started by the scenario that runs several at once.
     for extra in ["orders-relay-2", "orders-relay-3"] {
         cluster.add(extra, bin("orders"), &["relay"], None);
     }
     cluster.add("inventory-relay-2", bin("inventory"), &["relay"], None);
-    let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{PREFIX}{c}")).collect();
-    reliability::testing::wait_for_queues(&queues).await;
-    let client = Client {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()?,
-        jwt: JwtKeys::from_secret(SECRET.as_bytes()),
-    };
     Ok(Run {
         cluster,
         dbs,
-        client,
+        client: Client::new(&LAYOUT)?,
         poison: HashMap::new(),
         outbox_poison: 0,
         base,
     })
-}
-
-impl Client {
-    fn token(&self, tenant: i64) -> String {
-        self.jwt.mint(
-            TenantId::new(tenant).expect("positive"),
-            Duration::from_secs(3600),
-        )
-    }
-
-    /// POSTs with the same key until the answer is known (a client that
-    /// retries timeouts, resets, 5xx and 425): the operation's outcome.
-    async fn post(
-        &self,
-        tenant: i64,
-        url: &str,
-        key: &str,
-        body: &Value,
-    ) -> anyhow::Result<(u16, Value)> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let sent = self
-                .http
-                .post(url)
-                .bearer_auth(self.token(tenant))
-                .header("Idempotency-Key", key)
-                .json(body)
-                .send()
-                .await;
-            if let Ok(resp) = sent {
-                let status = resp.status().as_u16();
-                if status < 500 && status != 425 {
-                    return Ok((status, resp.json().await.unwrap_or(Value::Null)));
-                }
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "{url} with key {key} never answered"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn stock(&self, tenant: i64, sku: &str, units: i64) -> anyhow::Result<()> {
-        let body = json!({"sku": sku, "delta": units, "reason": "e2e"});
-        let (status, body) = self
-            .post(
-                tenant,
-                "http://127.0.0.1:9082/stock/adjustments",
-                &format!("stock-{tenant}-{sku}"),
-                &body,
-            )
-            .await?;
-        anyhow::ensure!(status == 201, "stock: {status} {body}");
-        Ok(())
-    }
-
-    async fn order(
-        &self,
-        tenant: i64,
-        key: &str,
-        customer: &str,
-        sku: &str,
-        quantity: i64,
-    ) -> anyhow::Result<i64> {
-        let body = json!({"customer_id": customer, "currency": "EUR", "lines": [{"sku": sku, "quantity": quantity, "unit_price_cents": 1250}]});
-        let (status, body) = self
-            .post(tenant, "http://127.0.0.1:9081/orders", key, &body)
-            .await?;
-        anyhow::ensure!(status == 201, "order: {status} {body}");
-        body["order_id"]
-            .as_i64()
-            .ok_or_else(|| anyhow::anyhow!("no order id in {body}"))
-    }
-
-    /// `n` orders of one unit each, 16 at a time; about one in ten declined.
-    async fn orders(&self, tenant: i64, n: usize) -> anyhow::Result<Vec<i64>> {
-        use futures_util::StreamExt;
-        let sku = format!("SKU-{tenant}");
-        let all: Vec<_> = futures_util::stream::iter((0..n).map(|i| {
-            let customer = if i % 10 == 9 {
-                format!("decline-{i}")
-            } else {
-                format!("c-{i}")
-            };
-            let key = format!("order-{tenant}-{i}");
-            let sku = sku.clone();
-            async move { self.order(tenant, &key, &customer, &sku, 1).await }
-        }))
-        .buffered(16)
-        .collect()
-        .await;
-        all.into_iter().collect()
-    }
 }
 
 /// Waits (at most `QUIET`) until the system is quiet and the tenant's
@@ -682,7 +477,7 @@ async fn kill_mid_flow(
         cluster.kill9(proc);
     });
     placed?;
-    run.client.orders_after_kill(tenant).await?;
+    orders_after_kill(&run.client, tenant).await?;
     run.cluster.start(proc, None)?;
     Ok((
         format!("kill -9 {proc} with orders in flight, restart"),
@@ -698,11 +493,11 @@ async fn orders_of(dbs: &Dbs, tenant: i64) -> i64 {
         .unwrap_or(0)
 }
 
-impl Client {
-    /// A few more orders while a part is down: they must wait, not vanish.
-    async fn orders_after_kill(&self, tenant: i64) -> anyhow::Result<()> {
-        for i in 0..5 {
-            self.order(
+/// A few more orders while a part is down: they must wait, not vanish.
+async fn orders_after_kill(client: &Client, tenant: i64) -> anyhow::Result<()> {
+    for i in 0..5 {
+        client
+            .order(
                 tenant,
                 &format!("while-down-{tenant}-{i}"),
                 "c-down",
@@ -710,9 +505,8 @@ impl Client {
                 1,
             )
             .await?;
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 async fn duplicate_storm(run: &mut Run, tenant: i64) -> anyhow::Result<(String, Vec<String>)> {

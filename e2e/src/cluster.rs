@@ -1,0 +1,276 @@
+//! The stack as real processes, as `make e2e` and `make bench` run it: four
+//! fresh databases, queues and an exchange named after the run, each
+//! service role (api, consumer, relay) a process of its own, and a client
+//! that retries like a real one.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use reliability::auth::JwtKeys;
+use reliability::testing::{amqp_url, database_url};
+use reliability::{TenantId, db};
+use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::check::Dbs;
+use crate::procs::Cluster;
+
+pub const CONSUMERS: [&str; 4] = [
+    "orders.saga",
+    "inventory.stock",
+    "payments.charges",
+    "projection.views",
+];
+const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
+pub const SECRET: &str = "cluster-secret";
+
+/// Where a run lives: databases `{name}_orders`…, exchange `{name}.events`,
+/// queues `{name}.…`, ports `port_base + 1..=4` (the services, in
+/// [`SERVICES`] order) and `port_base + 10` (the provider simulator),
+/// binaries from `target/{profile}`, logs in `.run/{name}/`.
+pub struct Layout {
+    pub name: &'static str,
+    pub port_base: u16,
+    pub profile: &'static str,
+}
+
+impl Layout {
+    pub fn queue_prefix(&self) -> String {
+        format!("{}.", self.name)
+    }
+
+    pub fn port(&self, service: &str) -> u16 {
+        let i = SERVICES.iter().position(|s| *s == service);
+        self.port_base + i.map_or(10, |i| i as u16 + 1)
+    }
+
+    pub fn url(&self, service: &str) -> String {
+        format!("http://127.0.0.1:{}", self.port(service))
+    }
+
+    pub fn bin(&self, name: &str) -> PathBuf {
+        PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+            .join(self.profile)
+            .join(name)
+    }
+}
+
+/// Fresh databases (migrated), no queues left from an earlier run, and every
+/// role of every service started and ready. `env` adds to or overrides the
+/// processes' environment.
+pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cluster, Dbs)> {
+    let admin_opts = PgConnectOptions::from_str(&database_url())?;
+    let admin = db::pool(admin_opts.clone(), 2).await?;
+    db::ensure_roles(&admin).await?;
+    let mut owners = Vec::new();
+    for (service, migrations) in [
+        ("orders", &orders::MIGRATIONS),
+        ("inventory", &inventory::MIGRATIONS),
+        ("payments", &payments::MIGRATIONS),
+        ("projection", &projection::MIGRATIONS),
+    ] {
+        let name = format!("{}_{service}", layout.name);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await?;
+        db::ensure_database(&admin, &name).await?;
+        let owner = db::pool(
+            db::options_for_role(&admin_opts.clone().database(&name), db::OWNER_ROLE),
+            4,
+        )
+        .await?;
+        db::migrate(&owner, Some(migrations)).await?;
+        owners.push(owner);
+    }
+    let dbs = Dbs {
+        orders: owners[0].clone(),
+        inventory: owners[1].clone(),
+        payments: owners[2].clone(),
+        projection: owners[3].clone(),
+    };
+
+    // Queues of an earlier run would deliver its events into these fresh databases.
+    let prefix = layout.queue_prefix();
+    let conn = reliability::broker::connect(&amqp_url(), "cluster-setup").await?;
+    let channel = conn.create_channel().await?;
+    for c in CONSUMERS {
+        for q in [
+            format!("{prefix}{c}"),
+            reliability::broker::dead_letter_queue(&format!("{prefix}{c}")),
+        ] {
+            channel
+                .queue_delete(
+                    q.as_str().into(),
+                    lapin::options::QueueDeleteOptions::default(),
+                )
+                .await?;
+        }
+    }
+    conn.close(200, "setup done".into()).await?;
+
+    let pg = format!(
+        "postgres://{}:{}",
+        admin_opts.get_host(),
+        admin_opts.get_port()
+    );
+    let mut vars: Vec<(String, String)> = vec![
+        ("AMQP_URL".into(), amqp_url()),
+        ("EVENTS_EXCHANGE".into(), format!("{}.events", layout.name)),
+        ("QUEUE_PREFIX".into(), prefix.clone()),
+        ("JWT_SECRET".into(), SECRET.into()),
+        ("PSP_SIM_PORT".into(), layout.port("psp-sim").to_string()),
+        ("PSP_URL".into(), layout.url("psp-sim")),
+        ("PSP_LEASE_SECS".into(), "2".into()),
+        ("PSP_TIMEOUT_MS".into(), "1000".into()),
+        ("RUST_LOG".into(), "info".into()),
+    ];
+    for svc in SERVICES {
+        let upper = svc.to_uppercase();
+        vars.push((
+            format!("{upper}_DATABASE_URL"),
+            format!("{pg}/{}_{svc}", layout.name),
+        ));
+        vars.push((format!("{upper}_PORT"), layout.port(svc).to_string()));
+    }
+    for (k, v) in env {
+        vars.retain(|(name, _)| name != k);
+        vars.push(((*k).to_owned(), (*v).to_owned()));
+    }
+    let mut cluster = Cluster::new(vars, PathBuf::from(".run").join(layout.name))?;
+    cluster.add(
+        "psp-sim",
+        layout.bin("psp-sim"),
+        &[],
+        Some(layout.port("psp-sim")),
+    );
+    for svc in SERVICES {
+        let bin = layout.bin(svc);
+        cluster.add(
+            &format!("{svc}-api"),
+            bin.clone(),
+            &["serve"],
+            Some(layout.port(svc)),
+        );
+        cluster.add(&format!("{svc}-consumer"), bin.clone(), &["consume"], None);
+        if svc != "projection" {
+            cluster.add(&format!("{svc}-relay"), bin, &["relay"], None);
+        }
+    }
+    cluster.start_all()?;
+    cluster.wait_ready().await?;
+    let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{prefix}{c}")).collect();
+    reliability::testing::wait_for_queues(&queues).await;
+    Ok((cluster, dbs))
+}
+
+/// A client of the stack that retries like a real one.
+pub struct Client {
+    pub http: reqwest::Client,
+    pub jwt: JwtKeys,
+    orders: String,
+    inventory: String,
+}
+
+impl Client {
+    pub fn new(layout: &Layout) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()?,
+            jwt: JwtKeys::from_secret(SECRET.as_bytes()),
+            orders: layout.url("orders"),
+            inventory: layout.url("inventory"),
+        })
+    }
+
+    pub fn token(&self, tenant: i64) -> String {
+        self.jwt.mint(
+            TenantId::new(tenant).expect("positive"),
+            Duration::from_secs(3600),
+        )
+    }
+
+    /// POSTs with the same key until the answer is known (a client that
+    /// retries timeouts, resets, 5xx and 425): the operation's outcome.
+    pub async fn post(
+        &self,
+        tenant: i64,
+        url: &str,
+        key: &str,
+        body: &Value,
+    ) -> anyhow::Result<(u16, Value)> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let sent = self
+                .http
+                .post(url)
+                .bearer_auth(self.token(tenant))
+                .header("Idempotency-Key", key)
+                .json(body)
+                .send()
+                .await;
+            if let Ok(resp) = sent {
+                let status = resp.status().as_u16();
+                if status < 500 && status != 425 {
+                    return Ok((status, resp.json().await.unwrap_or(Value::Null)));
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{url} with key {key} never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn stock(&self, tenant: i64, sku: &str, units: i64) -> anyhow::Result<()> {
+        let body = json!({"sku": sku, "delta": units, "reason": "e2e"});
+        let url = format!("{}/stock/adjustments", self.inventory);
+        let (status, body) = self
+            .post(tenant, &url, &format!("stock-{tenant}-{sku}"), &body)
+            .await?;
+        anyhow::ensure!(status == 201, "stock: {status} {body}");
+        Ok(())
+    }
+
+    pub async fn order(
+        &self,
+        tenant: i64,
+        key: &str,
+        customer: &str,
+        sku: &str,
+        quantity: i64,
+    ) -> anyhow::Result<i64> {
+        let body = json!({"customer_id": customer, "currency": "EUR", "lines": [{"sku": sku, "quantity": quantity, "unit_price_cents": 1250}]});
+        let url = format!("{}/orders", self.orders);
+        let (status, body) = self.post(tenant, &url, key, &body).await?;
+        anyhow::ensure!(status == 201, "order: {status} {body}");
+        body["order_id"]
+            .as_i64()
+            .ok_or_else(|| anyhow::anyhow!("no order id in {body}"))
+    }
+
+    /// `n` orders of one unit of `SKU-{tenant}` each, 16 at a time; about
+    /// one in ten declined by the provider.
+    pub async fn orders(&self, tenant: i64, n: usize) -> anyhow::Result<Vec<i64>> {
+        use futures_util::StreamExt;
+        let sku = format!("SKU-{tenant}");
+        let all: Vec<_> = futures_util::stream::iter((0..n).map(|i| {
+            let customer = if i % 10 == 9 {
+                format!("decline-{i}")
+            } else {
+                format!("c-{i}")
+            };
+            let key = format!("order-{tenant}-{i}");
+            let sku = sku.clone();
+            async move { self.order(tenant, &key, &customer, &sku, 1).await }
+        }))
+        .buffered(16)
+        .collect()
+        .await;
+        all.into_iter().collect()
+    }
+}
