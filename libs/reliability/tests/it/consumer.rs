@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reliability::Error;
 use reliability::broker;
-use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats};
 use reliability::db;
 use reliability::failpoint::{self, Action};
 use reliability::testing::{TcpProxy, TestDb, amqp_url, postgres_addr, unique, wait_until};
@@ -36,6 +36,19 @@ type Running = (
     Arc<Consumer<AddingHandler>>,
     JoinHandle<reliability::Result<()>>,
 );
+
+/// Runs a consumer until it has settled `n` deliveries, stops it, and
+/// returns what it counted.
+async fn consume(db: &TestDb, cfg: ConsumerConfig, n: u64) -> ConsumerStats {
+    let (stop, consumer, task) = start(db, cfg, AddingHandler::default());
+    wait_until(DEADLINE, &format!("{n} deliveries settled"), || async {
+        consumer.stats().finished() == n
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    consumer.stats()
+}
 
 fn start(db: &TestDb, cfg: ConsumerConfig, handler: AddingHandler) -> Running {
     let consumer = Arc::new(Consumer::new(db.app.clone(), &amqp_url(), cfg, handler));
@@ -88,15 +101,8 @@ async fn shuffled_and_repeated_deliveries_apply_each_event_exactly_once() {
             .await;
     }
 
-    let (stop, consumer, task) = start(&db, cfg, AddingHandler::default());
-    wait_until(DEADLINE, "every delivery acked", || async {
-        consumer.stats().finished() == deliveries.len() as u64
-    })
-    .await;
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    let stats = consume(&db, cfg, deliveries.len() as u64).await;
     assert_eq!(broker.depth(&queue).await, 0);
-    let stats = consumer.stats();
     assert_eq!(stats.applied, events.len() as u64);
     assert_eq!(
         stats.finished(),
@@ -179,17 +185,8 @@ async fn a_crash_after_commit_before_ack_makes_the_redelivery_a_no_op() {
 
     // The broker still holds it unacked-then-requeued; a restarted consumer sees it again.
     cfg.fail_points = Default::default();
-    let (stop, consumer, task) = start(&db, cfg, AddingHandler::default());
-    wait_until(DEADLINE, "redelivery acked", || async {
-        consumer.stats().finished() == 1
-    })
-    .await;
-    stop.cancel();
-    task.await.unwrap().unwrap();
-    assert_eq!(
-        (consumer.stats().applied, consumer.stats().duplicates),
-        (0, 1)
-    );
+    let stats = consume(&db, cfg, 1).await;
+    assert_eq!((stats.applied, stats.duplicates), (0, 1));
     assert_eq!(
         effects(&db).await,
         vec![(1, "agg".to_owned(), 1, 5)],
@@ -235,13 +232,12 @@ async fn a_crash_before_commit_leaves_no_effect_and_the_redelivery_applies_it() 
     assert!(effects(&db).await.is_empty(), "nothing committed");
 
     cfg.fail_points = Default::default();
-    let (stop, consumer, task) = start(&db, cfg, AddingHandler::default());
-    wait_until(DEADLINE, "redelivery acked", || async {
-        consumer.stats().finished() == 1
-    })
-    .await;
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    let stats = consume(&db, cfg, 1).await;
+    assert_eq!(
+        (stats.applied, stats.duplicates),
+        (1, 0),
+        "nothing had been recorded"
+    );
     assert_eq!(effects(&db).await, vec![(2, "agg".to_owned(), 1, 9)]);
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
@@ -452,13 +448,7 @@ async fn waiting_deliveries_of_several_tenants_commit_as_one_group_each_under_it
             )
             .await;
     }
-    let (stop, consumer, task) = start(&db, cfg, AddingHandler::default());
-    wait_until(DEADLINE, "all 30 applied", || async {
-        consumer.stats().finished() == 30
-    })
-    .await;
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    let stats = consume(&db, cfg, 30).await;
     // Each tenant's rows carry its own tenant (RLS's WITH CHECK would have
     // refused a row under another tenant's setting, and the group would
     // have fallen back to one at a time: `grouped` proves it did not).
@@ -471,7 +461,6 @@ async fn waiting_deliveries_of_several_tenants_commit_as_one_group_each_under_it
             (3, "agg".to_owned(), 10, sum(3)),
         ]
     );
-    let stats = consumer.stats();
     assert_eq!((stats.applied, stats.duplicates), (30, 0));
     assert!(stats.grouped > 0, "{stats:?}");
     broker.cleanup(&[&queue]).await;
