@@ -233,9 +233,8 @@ impl<H: Handler> Consumer<H> {
             for &i in run {
                 let (delivery, event) = &group[i];
                 if fresh.remove(&(event.source.clone(), event.id)) {
-                    let applied =
-                        crate::trace::scope(trace_context(delivery), self.handle(&mut tx, event));
-                    applied.await?;
+                    crate::trace::scope(trace_context(delivery), self.handle(&mut tx, event))
+                        .await?;
                     outcomes[i] = Outcome::Applied;
                 }
             }
@@ -558,11 +557,7 @@ impl<H: Handler> Consumer<H> {
 }
 
 fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
-    tenant_of_id(event.tenant_id)
-}
-
-fn tenant_of_id(id: i64) -> Result<TenantId, ApplyError> {
-    TenantId::new(id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
+    TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
 }
 
 /// The W3C trace context the message carries, or a new root.

@@ -466,3 +466,24 @@ async fn waiting_deliveries_of_several_tenants_commit_as_one_group_each_under_it
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_event_without_a_valid_tenant_is_dead_lettered_and_its_group_still_applies() {
+    let (db, broker, cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    // Waiting before the consumer starts, so they arrive as one group.
+    for (id, tenant) in [(1, 1), (2, 0), (3, 1), (4, -7), (5, 1)] {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, tenant, "agg", "Added", id)).unwrap(),
+            )
+            .await;
+    }
+    let stats = consume(&db, cfg, 5).await;
+    assert_eq!((stats.applied, stats.dead_lettered), (3, 2));
+    assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 3, 9)]);
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 2);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
