@@ -154,7 +154,10 @@ async fn main() -> anyhow::Result<()> {
     }
     table.row([
         "peak RSS of the bench process",
-        &format!("{} MiB", peak_rss_kib() / 1024),
+        &format!(
+            "{} MiB",
+            e2e::procs::peak_rss_kib("self").unwrap_or(0) / 1024
+        ),
         "",
         "",
         "the in-process stack of the parts above",
@@ -757,15 +760,7 @@ async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     for pool in [&dbs.orders, &dbs.inventory, &dbs.payments, &dbs.projection] {
         pool.close().await;
     }
-    let admin = sqlx::PgPool::connect(&database_url()).await?;
-    for svc in ["orders", "inventory", "payments", "projection"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {}_{svc} WITH (FORCE)",
-            layout.name
-        )))
-        .execute(&admin)
-        .await?;
-    }
+    cluster::drop_databases(&layout).await?;
     let queues: Vec<String> = CONSUMERS
         .iter()
         .map(|c| format!("{}{c}", layout.queue_prefix()))
@@ -791,15 +786,6 @@ fn cpu_self() -> f64 {
     };
     // utime and stime are fields 14 and 15; 11 and 12 after the ")".
     (ticks(11) + ticks(12)) / 100.0
-}
-
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn command_output(program: &str, args: &[&str]) -> String {

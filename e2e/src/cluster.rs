@@ -64,6 +64,7 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
     let admin = db::pool(admin_opts.clone(), 2).await?;
     db::ensure_roles(&admin).await?;
     let mut owners = Vec::new();
+    drop_databases(layout).await?;
     for (service, migrations) in [
         ("orders", &orders::MIGRATIONS),
         ("inventory", &inventory::MIGRATIONS),
@@ -71,11 +72,6 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
         ("projection", &projection::MIGRATIONS),
     ] {
         let name = format!("{}_{service}", layout.name);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await?;
         db::ensure_database(&admin, &name).await?;
         let owner = db::pool(
             db::options_for_role(&admin_opts.clone().database(&name), db::OWNER_ROLE),
@@ -164,6 +160,21 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
     let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{prefix}{c}")).collect();
     reliability::testing::wait_for_queues(&queues).await;
     Ok((cluster, dbs))
+}
+
+/// Drops the run's databases, with whatever is still connected to them.
+pub async fn drop_databases(layout: &Layout) -> anyhow::Result<()> {
+    let admin = db::pool(PgConnectOptions::from_str(&database_url())?, 1).await?;
+    for svc in SERVICES {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {}_{svc} WITH (FORCE)",
+            layout.name
+        )))
+        .execute(&admin)
+        .await?;
+    }
+    admin.close().await;
+    Ok(())
 }
 
 /// A client of the stack that retries like a real one.

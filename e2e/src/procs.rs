@@ -159,23 +159,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// Peak resident set (`VmHWM`, KiB) of each running process since its
-    /// last start.
+    /// Peak resident set (KiB) of each running process since its last start.
     pub fn peak_rss_kib(&self) -> BTreeMap<String, u64> {
         self.procs
             .values()
             .filter_map(|p| {
                 let pid = p.child.as_ref()?.id();
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let kib = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmHWM:"))?
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse()
-                    .ok()?;
-                Some((p.name.clone(), kib))
+                Some((p.name.clone(), peak_rss_kib(&pid.to_string())?))
             })
             .collect()
     }
@@ -213,4 +203,17 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_all();
     }
+}
+
+/// `VmHWM` of `/proc/{pid}/status` (`pid` may be `self`): the peak resident
+/// set in KiB.
+pub fn peak_rss_kib(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
