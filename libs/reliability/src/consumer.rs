@@ -8,6 +8,14 @@
 //! redelivery finds the dedup record and is acked without effect. Why a
 //! high-water mark alone cannot do this: docs/adr/0002.
 //!
+//! Several appliers may run at once: lanes in one process and replicas on
+//! any number of machines compete for one queue (docs/adr/0010). Every
+//! transaction first takes a transaction-scoped advisory lock on each
+//! aggregate it will change ([`Handler::lock_key`]), all of them in one
+//! order, so two events of one aggregate take turns and two groups cannot
+//! deadlock; rows that several aggregates share are locked in
+//! [`Handler::prepare`], also in one order.
+//!
 //! A handler error is retried in place a bounded number of times, then the
 //! message is rejected to its queue's DLQ, where an operator can inspect and
 //! re-drive it (`reliability dlq`). Infrastructure errors (the database is
@@ -39,6 +47,26 @@ use crate::{Error, Result, TenantId, TenantTx};
 /// rows) and nothing outside it, so that the dedup record and the effect
 /// commit or vanish together. Events it does not care about: return `Ok`.
 pub trait Handler: Send + Sync + 'static {
+    /// The aggregate `event` changes: appliers of events with the same key
+    /// take turns (docs/adr/0010). The default is the envelope's aggregate;
+    /// a handler whose state is keyed otherwise (the order a payment belongs
+    /// to) says so. `None`: the handler is safe under any concurrency.
+    fn lock_key(&self, event: &Envelope) -> Option<String> {
+        Some(format!("{}:{}", event.aggregate_type, event.aggregate_id))
+    }
+
+    /// Runs once per tenant's run of fresh events in a transaction, before
+    /// any of them is handled. A handler whose events change rows that
+    /// several aggregates share (stock of one sku) locks them here, in one
+    /// order, so that two groups touching them cannot deadlock.
+    fn prepare(
+        &self,
+        _tx: &mut TenantTx,
+        _events: &[&Envelope],
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        async { Ok(()) }
+    }
+
     fn handle(
         &self,
         tx: &mut TenantTx,
@@ -105,12 +133,15 @@ pub struct ConsumerConfig {
     /// one transaction: one commit (one WAL flush) for the group. 1 turns
     /// grouping off. A group that fails falls back to one at a time.
     pub batch_max: usize,
+    /// Lanes in this process: each its own channel on the queue, applying
+    /// its deliveries in turn, beside the others (docs/adr/0010).
+    pub lanes: usize,
     pub fail_points: FailPoints,
 }
 
 impl ConsumerConfig {
     /// Queue `name` bound to `bindings` on `exchange`; 5 tries 200 ms apart
-    /// (growing), prefetch 50, broker delivery limit 10.
+    /// (growing), prefetch 50 per lane, one lane, broker delivery limit 10.
     pub fn new(name: &str, exchange: &str, bindings: &[&str]) -> Self {
         Self {
             name: name.to_owned(),
@@ -124,6 +155,7 @@ impl ConsumerConfig {
             max_attempts: 5,
             retry_delay: Duration::from_millis(200),
             batch_max: 32,
+            lanes: 1,
             fail_points: FailPoints::none(),
         }
     }
@@ -145,6 +177,7 @@ struct Counters {
     dead_lettered: AtomicU64,
     retries: AtomicU64,
     grouped: AtomicU64,
+    fallbacks: AtomicU64,
 }
 
 /// Deliveries this consumer finished since it was built (the same figures
@@ -158,6 +191,9 @@ pub struct ConsumerStats {
     pub retries: u64,
     /// Of the applied and duplicates, those committed as part of a group.
     pub grouped: u64,
+    /// Groups that failed and were applied one at a time instead (a
+    /// handler error, or two appliers deadlocked: docs/adr/0010).
+    pub fallbacks: u64,
 }
 
 impl ConsumerStats {
@@ -166,6 +202,26 @@ impl ConsumerStats {
         self.applied + self.duplicates + self.dead_lettered
     }
 }
+
+/// Where one applier adds up its progress: a lane's own `consumer_offsets`
+/// stripe, so lanes and replicas do not queue on one hot row.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    index: usize,
+    stripe: i16,
+}
+
+impl Lane {
+    /// A stripe drawn at random: lanes of other processes draw theirs too,
+    /// and nothing needs to know how many there are.
+    fn new(index: usize) -> Self {
+        let stripe = (uuid::Uuid::new_v4().as_u128() % u128::from(OFFSET_STRIPES)) as i16;
+        Self { index, stripe }
+    }
+}
+
+/// Progress stripes per tenant, consumer and source (docs/adr/0010).
+const OFFSET_STRIPES: u16 = 64;
 
 impl<H: Handler> Consumer<H> {
     pub fn new(pool: PgPool, amqp_url: &str, config: ConsumerConfig, handler: H) -> Self {
@@ -185,6 +241,7 @@ impl<H: Handler> Consumer<H> {
             dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
             retries: self.stats.retries.load(Ordering::Relaxed),
             grouped: self.stats.grouped.load(Ordering::Relaxed),
+            fallbacks: self.stats.fallbacks.load(Ordering::Relaxed),
         }
     }
 
@@ -196,13 +253,21 @@ impl<H: Handler> Consumer<H> {
         &self.handler
     }
 
-    /// Applies `event` once: dedup record and offset, handler, commit.
+    /// Applies `event` once: aggregate lock, dedup record and offset,
+    /// handler, commit. Safe beside running consumers of the same name (a
+    /// replay, a rebuild).
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
+        self.apply_one(event, Lane::new(0)).await
+    }
+
+    async fn apply_one(&self, event: &Envelope, lane: Lane) -> Result<Outcome, ApplyError> {
         let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
-        let fresh = self.record(&mut tx, &[event]).await?;
+        self.lock_aggregates(&mut tx, &[event]).await?;
+        let fresh = self.record(&mut tx, &[event], lane).await?;
         let outcome = if fresh.is_empty() {
             Outcome::Duplicate
         } else {
+            self.handler.prepare(&mut tx, &[event]).await?;
             self.handle(&mut tx, event).await?;
             self.before_commit()?;
             Outcome::Applied
@@ -215,28 +280,43 @@ impl<H: Handler> Consumer<H> {
     /// The group is taken tenant by tenant (a stable sort: each tenant's
     /// events keep their delivery order; different tenants share nothing),
     /// so each tenant costs one `set_config` and one statement that records
-    /// all its events and advances its offsets; then the handler runs for
-    /// each fresh event. A message seen twice in the group is applied the
-    /// first time, a duplicate after.
+    /// all its events and advances its offsets; then the handler prepares
+    /// and runs for each fresh event. A message seen twice in the group is
+    /// applied the first time, a duplicate after.
+    ///
+    /// Lock order, the same in every applier: every aggregate of the group
+    /// (sorted), then per tenant (ascending) its progress rows and what the
+    /// handler's `prepare` locks. No two appliers can wait on each other in
+    /// a circle.
     async fn apply_group(
         &self,
         group: &[(Delivery, Envelope)],
+        lane: Lane,
     ) -> Result<Vec<Outcome>, ApplyError> {
         let mut order: Vec<usize> = (0..group.len()).collect();
         order.sort_by_key(|&i| group[i].1.tenant_id);
         let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
+        let all: Vec<&Envelope> = group.iter().map(|(_, e)| e).collect();
+        self.lock_aggregates(&mut tx, &all).await?;
         let mut outcomes = vec![Outcome::Duplicate; group.len()];
         for run in order.chunk_by(|&a, &b| group[a].1.tenant_id == group[b].1.tenant_id) {
             tx.rescope(tenant_of(&group[run[0]].1)?).await?;
             let events: Vec<&Envelope> = run.iter().map(|&i| &group[i].1).collect();
-            let mut fresh = self.record(&mut tx, &events).await?;
-            for &i in run {
+            let mut fresh = self.record(&mut tx, &events, lane).await?;
+            let to_apply: Vec<usize> = run
+                .iter()
+                .copied()
+                .filter(|&i| fresh.remove(&(group[i].1.source.clone(), group[i].1.id)))
+                .collect();
+            if to_apply.is_empty() {
+                continue;
+            }
+            let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
+            self.handler.prepare(&mut tx, &fresh_events).await?;
+            for i in to_apply {
                 let (delivery, event) = &group[i];
-                if fresh.remove(&(event.source.clone(), event.id)) {
-                    crate::trace::scope(trace_context(delivery), self.handle(&mut tx, event))
-                        .await?;
-                    outcomes[i] = Outcome::Applied;
-                }
+                crate::trace::scope(trace_context(delivery), self.handle(&mut tx, event)).await?;
+                outcomes[i] = Outcome::Applied;
             }
         }
         if outcomes.contains(&Outcome::Applied) {
@@ -246,17 +326,48 @@ impl<H: Handler> Consumer<H> {
         Ok(outcomes)
     }
 
+    /// Takes the transaction-scoped advisory lock of every aggregate the
+    /// events change, in ascending key order, in one statement. A key is
+    /// the consumer, the tenant and the handler's lock key, hashed: the
+    /// same in every process.
+    async fn lock_aggregates(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+    ) -> Result<(), ApplyError> {
+        let mut keys: Vec<i64> = events
+            .iter()
+            .filter_map(|e| {
+                self.handler
+                    .lock_key(e)
+                    .map(|k| lock_id(&self.config.name, e.tenant_id, &k))
+            })
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        // PostgreSQL evaluates volatile output expressions after ORDER BY,
+        // so the locks are taken in this order.
+        sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k")
+            .bind(&keys)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
     /// One statement for any number of one tenant's events: the dedup
     /// records (the ones that already exist are duplicates) and, per
-    /// source, the progress row (highest id seen, events applied,
+    /// source, the lane's progress stripe (highest id seen, events applied,
     /// duplicates absorbed; shown by `reliability offsets` and the e2e
     /// table). Returns the `(source, id)` pairs recorded now: the events to
-    /// apply. The progress row is locked from here to the commit, so appliers
-    /// of one tenant and source queue on it before touching handler state.
+    /// apply.
     async fn record(
         &self,
         tx: &mut TenantTx,
         events: &[&Envelope],
+        lane: Lane,
     ) -> Result<HashSet<(String, i64)>, ApplyError> {
         let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
@@ -274,9 +385,9 @@ impl<H: Handler> Consumer<H> {
                         (SELECT count(*) FROM fresh f WHERE f.source = s.source) AS applied
                  FROM seen s GROUP BY source
              ), bumped AS (
-                 INSERT INTO consumer_offsets (tenant_id, consumer, source, last_seen_id, applied_count, duplicate_count)
-                 SELECT $1, $2, source, last_seen, applied, seen - applied FROM progress ORDER BY source
-                 ON CONFLICT (tenant_id, consumer, source) DO UPDATE
+                 INSERT INTO consumer_offsets (tenant_id, consumer, source, stripe, last_seen_id, applied_count, duplicate_count)
+                 SELECT $1, $2, source, $5, last_seen, applied, seen - applied FROM progress ORDER BY source
+                 ON CONFLICT (tenant_id, consumer, source, stripe) DO UPDATE
                  SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
                      applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
                      duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
@@ -288,6 +399,7 @@ impl<H: Handler> Consumer<H> {
         .bind(&self.config.name)
         .bind(&sources)
         .bind(&ids)
+        .bind(lane.stripe)
         .fetch_all(&mut **tx)
         .await?;
         Ok(fresh.into_iter().collect())
@@ -338,17 +450,39 @@ impl<H: Handler> Consumer<H> {
         Ok(())
     }
 
+    /// One connection, one channel per lane. When one lane fails the others
+    /// stop too (their transactions roll back, their deliveries go back to
+    /// the queue when the connection closes) and all reconnect together.
     async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
         let conn =
             broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
-        let result = self.consume(&conn, shutdown).await;
+        let lanes = self.config.lanes.max(1);
+        let stop_lanes = shutdown.child_token();
+        let result = futures_util::future::try_join_all((0..lanes).map(|i| {
+            let stop = stop_lanes.clone();
+            let conn = &conn;
+            async move {
+                let r = self.consume(conn, &stop, Lane::new(i)).await;
+                if r.is_err() {
+                    stop.cancel();
+                }
+                r
+            }
+        }))
+        .await
+        .map(|_| ());
         // Closing hands unacked deliveries back to the broker now rather than
         // at the heartbeat timeout; after a simulated crash too.
         let _ = broker::bounded(conn.close(200, "consumer stopped".into())).await;
         result
     }
 
-    async fn consume(&self, conn: &lapin::Connection, shutdown: &CancellationToken) -> Result<()> {
+    async fn consume(
+        &self,
+        conn: &lapin::Connection,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<()> {
         let channel = broker::bounded(conn.create_channel()).await?;
         broker::bounded(broker::declare_queue(&channel, &self.config.queue)).await?;
         broker::bounded(channel.basic_qos(self.config.prefetch, BasicQosOptions { global: false }))
@@ -359,14 +493,14 @@ impl<H: Handler> Consumer<H> {
             tag.as_str().into(),
             BasicConsumeOptions {
                 no_local: false,
-                no_ack: false, // ack only after the commit
-                exclusive: false,
+                no_ack: false,    // ack only after the commit
+                exclusive: false, // lanes and replicas compete on the queue
                 nowait: false,
             },
             FieldTable::default(),
         ))
         .await?;
-        tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, "consumer connected");
+        tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, lane = lane.index, "consumer connected");
         let mut gauges = tokio::time::interval(Duration::from_secs(2));
         loop {
             let delivery = tokio::select! {
@@ -377,9 +511,11 @@ impl<H: Handler> Consumer<H> {
                     if !channel.status().connected() || !conn.status().connected() {
                         return Err(Error::Config("consumer channel closed".into()));
                     }
-                    let dlq = broker::dead_letter_queue(&self.config.queue.queue);
-                    if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
-                        metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));
+                    if lane.index == 0 {
+                        let dlq = broker::dead_letter_queue(&self.config.queue.queue);
+                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
+                            metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));
+                        }
                     }
                     continue;
                 }
@@ -397,9 +533,9 @@ impl<H: Handler> Consumer<H> {
                 }
             }
             let carry_on = if group.len() == 1 {
-                self.process(group.remove(0), shutdown).await?
+                self.process(group.remove(0), shutdown, lane).await?
             } else {
-                self.process_group(group, shutdown).await?
+                self.process_group(group, shutdown, lane).await?
             };
             if !carry_on {
                 return Ok(());
@@ -410,9 +546,14 @@ impl<H: Handler> Consumer<H> {
     /// Handles one delivery to its end (acked or dead-lettered). Returns
     /// false if shutdown came while it waited to retry (left unacked: the
     /// broker redelivers it to the next consumer).
-    async fn process(&self, delivery: Delivery, shutdown: &CancellationToken) -> Result<bool> {
+    async fn process(
+        &self,
+        delivery: Delivery,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
         match self.parse(&delivery).await? {
-            Some(event) => self.settle_traced(delivery, event, shutdown).await,
+            Some(event) => self.settle_traced(delivery, event, shutdown, lane).await,
             None => Ok(true),
         }
     }
@@ -436,6 +577,7 @@ impl<H: Handler> Consumer<H> {
         &self,
         group: Vec<Delivery>,
         shutdown: &CancellationToken,
+        lane: Lane,
     ) -> Result<bool> {
         let mut parsed = Vec::with_capacity(group.len());
         for delivery in group {
@@ -446,13 +588,14 @@ impl<H: Handler> Consumer<H> {
         if parsed.is_empty() {
             return Ok(true);
         }
-        match self.apply_group(&parsed).await {
+        match self.apply_group(&parsed, lane).await {
             Ok(outcomes) => {
                 self.config
                     .fail_points
                     .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                 // One ack for the group: every earlier delivery on this
-                // channel is settled already (deliveries are handled in turn).
+                // channel is settled already (a lane handles its deliveries
+                // in turn, and each lane has a channel of its own).
                 let (last, _) = parsed.last().expect("a group is never empty");
                 broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
                 for outcome in outcomes {
@@ -464,8 +607,11 @@ impl<H: Handler> Consumer<H> {
             Err(ApplyError::FailPoint(name)) => Err(Error::FailPoint(name)),
             Err(ApplyError::Handler(e)) => {
                 tracing::debug!(consumer = %self.config.name, error = %e, size = parsed.len(), "group failed; applying one at a time");
+                self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("consumer_group_fallbacks_total", "consumer" => self.config.name.clone())
+                    .increment(1);
                 for (delivery, event) in parsed {
-                    if !self.settle_traced(delivery, event, shutdown).await? {
+                    if !self.settle_traced(delivery, event, shutdown, lane).await? {
                         return Ok(false);
                     }
                 }
@@ -479,11 +625,12 @@ impl<H: Handler> Consumer<H> {
         delivery: Delivery,
         event: Envelope,
         shutdown: &CancellationToken,
+        lane: Lane,
     ) -> Result<bool> {
         let ctx = trace_context(&delivery);
         let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
                                        event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %ctx.trace_id());
-        crate::trace::scope(ctx, self.settle(delivery, event, shutdown))
+        crate::trace::scope(ctx, self.settle(delivery, event, shutdown, lane))
             .instrument(span)
             .await
     }
@@ -504,11 +651,12 @@ impl<H: Handler> Consumer<H> {
         delivery: Delivery,
         event: Envelope,
         shutdown: &CancellationToken,
+        lane: Lane,
     ) -> Result<bool> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
         loop {
-            let failure = match self.apply(&event).await {
+            let failure = match self.apply_one(&event, lane).await {
                 Ok(outcome) => {
                     self.config
                         .fail_points
@@ -556,6 +704,27 @@ impl<H: Handler> Consumer<H> {
     }
 }
 
+/// A lock key from a payload field: `<aggregate>:<payload[field]>`, for a
+/// handler whose state is keyed by an id the event carries (the order a
+/// payment belongs to); the envelope's aggregate when the field is absent.
+pub fn payload_lock_key(event: &Envelope, aggregate: &str, field: &str) -> String {
+    match &event.payload[field] {
+        serde_json::Value::Number(n) => format!("{aggregate}:{n}"),
+        serde_json::Value::String(s) => format!("{aggregate}:{s}"),
+        _ => format!("{}:{}", event.aggregate_type, event.aggregate_id),
+    }
+}
+
+/// The advisory lock id of `key` in `consumer`'s state of `tenant`: the
+/// first 8 bytes of a SHA-256, so every process computes the same.
+fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{consumer}\0{tenant}\0{key}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
 fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
     TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
 }
@@ -601,11 +770,15 @@ pub struct OffsetRow {
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// Every offset row, or one consumer's (as the owner role).
+/// Every consumer's progress per source and tenant, or one consumer's (as
+/// the owner role): its lanes' stripes added up.
 pub async fn offsets(owner: &PgPool, consumer: Option<&str>) -> Result<Vec<OffsetRow>> {
     Ok(sqlx::query_as(
-        "SELECT consumer, source, tenant_id, last_seen_id, applied_count, duplicate_count, updated_at
+        "SELECT consumer, source, tenant_id, max(last_seen_id) AS last_seen_id,
+                sum(applied_count)::bigint AS applied_count, sum(duplicate_count)::bigint AS duplicate_count,
+                max(updated_at) AS updated_at
          FROM consumer_offsets WHERE $1::text IS NULL OR consumer = $1
+         GROUP BY consumer, source, tenant_id
          ORDER BY consumer, source, tenant_id",
     )
     .bind(consumer)

@@ -115,6 +115,11 @@ pub struct CommonSettings {
     /// Failed publishes after which an outbox row moves to the DLQ table.
     #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10)]
     pub relay_max_attempts: i32,
+    /// Lanes of each consumer in this process: each applies its own
+    /// deliveries beside the others (docs/adr/0010). More processes may
+    /// consume the same queues too.
+    #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
+    pub consumer_lanes: usize,
     /// Print the service's OpenAPI document and exit.
     #[arg(long)]
     pub openapi: bool,
@@ -137,6 +142,7 @@ impl CommonSettings {
             queue_prefix: String::new(),
             relay_backoff_ms: 30_000,
             relay_max_attempts: 10,
+            consumer_lanes: 4,
             openapi: false,
             bind_address: "127.0.0.1".into(),
         }
@@ -156,6 +162,7 @@ impl CommonSettings {
         let keys: Vec<&str> = bindings.iter().map(String::as_str).collect();
         let mut config = ConsumerConfig::new(name, &self.exchange, &keys);
         config.queue.queue = format!("{}{name}", self.queue_prefix);
+        config.lanes = self.consumer_lanes.max(1);
         config.fail_points = self.fail_points()?;
         Ok(config)
     }

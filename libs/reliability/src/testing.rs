@@ -20,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db;
 
+mod appliers;
+pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event};
+
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 
 pub fn database_url() -> String {

@@ -38,6 +38,43 @@ fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerErro
 }
 
 impl Handler for Stock {
+    /// Stock rows are shared by every order: lock all that this run of
+    /// events will change, in sku order, before any of them is handled, so
+    /// two appliers' groups cannot deadlock on them. (Each order's own rows
+    /// are serialized by the runtime's lock on the order.)
+    async fn prepare(&self, tx: &mut TenantTx, events: &[&Envelope]) -> Result<(), HandlerError> {
+        let mut skus: Vec<String> = Vec::new();
+        let mut settled: Vec<i64> = Vec::new();
+        for e in events {
+            match e.event_type.as_str() {
+                event::ORDER_PLACED => {
+                    if let Ok(o) = e.payload_as::<contracts::OrderPlaced>() {
+                        skus.extend(o.lines.into_iter().map(|l| l.sku));
+                    }
+                }
+                event::ORDER_CONFIRMED | event::ORDER_CANCELLED => {
+                    if let Some(id) = e.payload["order_id"].as_i64() {
+                        settled.push(id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if skus.is_empty() && settled.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "SELECT 1 FROM products
+             WHERE sku = ANY($1::text[] || ARRAY(SELECT sku FROM reservation_lines WHERE order_id = ANY($2)))
+             ORDER BY sku FOR UPDATE",
+        )
+        .bind(&skus)
+        .bind(&settled)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         match e.event_type.as_str() {
             event::ORDER_PLACED => reserve(tx, decode(e)?).await,

@@ -4,7 +4,7 @@
 //! event cannot flip a decided one.
 
 use contracts::{aggregate, event, source};
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
 use reliability::outbox::{self, Envelope, NewEvent, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
@@ -35,6 +35,11 @@ fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerErro
 }
 
 impl Handler for Saga {
+    /// Every event of one order takes turns, whichever aggregate sent it.
+    fn lock_key(&self, e: &Envelope) -> Option<String> {
+        Some(payload_lock_key(e, aggregate::ORDER, "order_id"))
+    }
+
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         match e.event_type.as_str() {
             event::PAYMENT_CAPTURED => {

@@ -1,9 +1,10 @@
 //! Rebuilding the projection (docs/adr/0006): forget every view, dedup
 //! record and offset of the projection's consumer, then replay each source
 //! service's event history (its outbox and archive) through the same
-//! handler. The live consumer may keep running: the dedup records make the
-//! two meet without double counting, and the view depends only on the set
-//! of events.
+//! handler. The live consumer may keep running: the reset is one
+//! transaction, the dedup records make the two meet without double
+//! counting, and both take the same per-order lock (docs/adr/0010) before
+//! they recompute a view.
 
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox;
@@ -24,17 +25,23 @@ pub async fn rebuild(
     dbs: &Databases,
     sources: &[(String, PgPool)],
 ) -> reliability::Result<RebuildReport> {
+    // One transaction: an event the live consumer applies while this runs
+    // either lands before the reset (and loses its view row and its dedup
+    // record together, so the replay applies it again) or after it (and
+    // the replay finds its dedup record). Never one without the other.
+    let mut reset = dbs.owner.begin().await?;
     sqlx::raw_sql("TRUNCATE order_views, order_view_events")
-        .execute(&dbs.owner)
+        .execute(&mut *reset)
         .await?;
     sqlx::query("DELETE FROM processed_messages WHERE consumer = $1")
         .bind(CONSUMER)
-        .execute(&dbs.owner)
+        .execute(&mut *reset)
         .await?;
     sqlx::query("DELETE FROM consumer_offsets WHERE consumer = $1")
         .bind(CONSUMER)
-        .execute(&dbs.owner)
+        .execute(&mut *reset)
         .await?;
+    reset.commit().await?;
     tracing::info!("projection reset; replaying sources");
 
     let replayer = Consumer::new(

@@ -1,9 +1,12 @@
 //! The order view, built from events alone. Each event is stored per order;
 //! the view is then recomputed from the whole set, so it is the same
 //! whatever order the events came in, and a rebuild lands on the same view.
+//! The recompute reads the order's events and writes its view: two appliers
+//! of one order's events would each miss the other's event and the later
+//! write would lose one, so they take turns on the order (`lock_key`).
 
-use contracts::{event, source};
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use contracts::{aggregate, event, source};
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
 use reliability::outbox::{Envelope, routing_key};
 use reliability::{TenantTx, service::CommonSettings};
 
@@ -40,6 +43,11 @@ const ORDER_EVENTS: [&str; 8] = [
 ];
 
 impl Handler for Views {
+    /// Every event of one order takes turns, whichever aggregate sent it.
+    fn lock_key(&self, e: &Envelope) -> Option<String> {
+        Some(payload_lock_key(e, aggregate::ORDER, "order_id"))
+    }
+
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         if !ORDER_EVENTS.contains(&e.event_type.as_str()) {
             return Ok(());

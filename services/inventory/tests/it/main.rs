@@ -2,6 +2,7 @@
 //! reservations that never oversell.
 
 mod api;
+mod appliers;
 mod stock;
 
 use inventory::{Settings, build};

@@ -2,6 +2,7 @@
 //! the saga's decisions.
 
 mod api;
+mod appliers;
 mod saga;
 
 use orders::{Settings, build};

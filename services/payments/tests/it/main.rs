@@ -1,6 +1,7 @@
 //! payments against the real PostgreSQL and the provider simulator: one
 //! charge per payment whatever fails, refunds once and never above capture.
 
+mod appliers;
 mod flow;
 
 use std::time::Duration;

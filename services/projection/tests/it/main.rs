@@ -1,6 +1,8 @@
 //! The projection against the real PostgreSQL: the view is the same
 //! whatever order (and however often) its events arrive.
 
+mod appliers;
+
 use contracts::event;
 use projection::views::{CONSUMER, Views};
 use projection::{Settings, build};
