@@ -1,4 +1,8 @@
-//! The consumer: records each `ItemCreated` in `item_audit`, exactly once.
+//! The consumer: records each `ItemCreated` in `item_audit`, exactly once,
+//! with any number of lanes and replicas applying side by side
+//! (docs/adr/0010). A handler answers two questions: what aggregate an
+//! event changes (`lock_key`: events of one item take turns), and which
+//! rows it shares with other aggregates (`prepare`: none here).
 
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
 use reliability::outbox::{Envelope, routing_key};
@@ -15,6 +19,11 @@ pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerC
 pub struct Audit;
 
 impl Handler for Audit {
+    /// The item the event is about (the envelope's aggregate, the default).
+    fn lock_key(&self, e: &Envelope) -> Option<String> {
+        Some(format!("{}:{}", e.aggregate_type, e.aggregate_id))
+    }
+
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         if e.event_type != ITEM_CREATED {
             return Ok(());

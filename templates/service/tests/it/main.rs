@@ -78,3 +78,25 @@ async fn an_invalid_item_gets_422_and_writes_nothing() {
     assert_eq!(app.count("SELECT count(*) FROM items").await, 0);
     app.stop().await;
 }
+
+/// The handler under competing appliers (docs/adr/0010): three consumers,
+/// shuffled and repeated delivery, the same state as one in order.
+#[tokio::test]
+async fn three_competing_consumers_audit_like_one_in_order() {
+    use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event};
+    let created = (1..=60_i64)
+        .map(|n| event("__SERVICE__", n, 1 + n % 2, ("item", n), __SERVICE__::http::ITEM_CREATED,
+                       serde_json::json!({"item_id": n, "name": format!("item {n}")})))
+        .collect();
+    assert_competing_appliers_agree(
+        AppliersCheck {
+            migrations: &__SERVICE__::MIGRATIONS,
+            consumer: __SERVICE__::audit::CONSUMER,
+            waves: vec![created],
+            seed: "",
+            state: "SELECT tenant_id, item_id FROM item_audit",
+        },
+        || __SERVICE__::audit::Audit,
+    )
+    .await;
+}
