@@ -125,9 +125,14 @@ impl Dbs {
                 other => v.violations.push(format!("I6: order {id} is {other}")),
             }
         }
-        // I4: at most one charge per payment; confirmed ⇔ captured.
-        let payments: Vec<(i64, i64, String)> = sqlx::query_as(
-            "SELECT payment_id, order_id, status FROM payments WHERE tenant_id = $1",
+        // I4: at most one charge per payment; confirmed ⇔ captured; a
+        // payment that failed with money moved (its deadline passed after an
+        // unknown outcome) has it all back.
+        let payments: Vec<(i64, i64, String, i64, i64)> = sqlx::query_as(
+            "SELECT payment_id, order_id, status, amount_cents,
+                    (SELECT coalesce(sum(r.amount_cents), 0)::bigint FROM refunds r
+                     WHERE r.tenant_id = p.tenant_id AND r.payment_id = p.payment_id AND r.status = 'succeeded')
+             FROM payments p WHERE tenant_id = $1",
         )
         .bind(tenant)
         .fetch_all(&self.payments)
@@ -137,7 +142,7 @@ impl Dbs {
             .filter(|p| p.2 == "captured")
             .map(|p| p.1)
             .collect();
-        for (payment_id, order_id, status) in &payments {
+        for (payment_id, order_id, status, amount, refunded) in &payments {
             let n = charges
                 .get(&format!("pay-{tenant}-{payment_id}"))
                 .copied()
@@ -150,6 +155,11 @@ impl Dbs {
             if status == "captured" && n != 1 {
                 v.violations.push(format!(
                     "I4: payment {payment_id} captured but the provider charged {n} times"
+                ));
+            }
+            if status == "failed" && n > 0 && refunded != amount {
+                v.violations.push(format!(
+                    "I4: payment {payment_id} failed, yet the provider charged it and {refunded} of {amount} came back"
                 ));
             }
         }

@@ -8,6 +8,7 @@ pub mod charges;
 mod error;
 pub mod http;
 pub mod provider;
+pub mod worker;
 
 use std::time::Duration;
 
@@ -47,6 +48,17 @@ pub struct Settings {
     /// How long a provider call may take before another try may start, in seconds.
     #[arg(long, env = "PSP_LEASE_SECS", default_value_t = 30)]
     pub psp_lease_secs: u64,
+    /// Provider calls in flight at once in this process (64 keeps ~200
+    /// calls/s going at 300 ms each).
+    #[arg(long, env = "PSP_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub psp_max_in_flight: usize,
+    /// Of those, at most this many for one tenant.
+    #[arg(long, env = "PSP_TENANT_IN_FLIGHT", default_value_t = 16)]
+    pub psp_tenant_in_flight: usize,
+    /// A payment undecided this long fails (the order is cancelled) and
+    /// whatever it may have charged is refunded by key, in seconds.
+    #[arg(long, env = "PSP_DEADLINE_SECS", default_value_t = 900)]
+    pub psp_deadline_secs: u64,
     #[command(flatten)]
     pub common: CommonSettings,
 }
@@ -78,11 +90,14 @@ pub async fn build(
             &settings.psp_url,
             Duration::from_millis(settings.psp_timeout_ms),
         );
-        let config = provider::WorkerConfig {
+        let config = worker::WorkerConfig {
             lease: Duration::from_secs(settings.psp_lease_secs),
+            max_in_flight: settings.psp_max_in_flight.max(1),
+            tenant_share: settings.psp_tenant_in_flight.max(1),
+            deadline: Duration::from_secs(settings.psp_deadline_secs),
             ..Default::default()
         };
-        let worker = provider::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
+        let worker = worker::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
         let stop = tasks.shutdown();
         tasks.spawn("provider worker", async move { worker.run(stop).await });
         Ok(())

@@ -5,8 +5,13 @@
 //! - `POST /charges` and `POST /refunds` are idempotent on
 //!   `X-Idempotency-Key`: 201 the first time, 200 with the same result after.
 //!   A customer id starting with `decline` is declined.
+//! - `GET /charges/{key}` and `GET /refunds/{key}` look a request up by its
+//!   idempotency key (404: nothing was done under it), as real providers
+//!   let a merchant find a payment by its reference.
+//! - A refund names the charge by id, or by the key it was made under.
 //! - `/control/*` lets tests inject latency, errors before or after the
-//!   charge, and hangs, and read how many charges each key caused.
+//!   charge, 4xx refusals, non-final answers and hangs, and read how many
+//!   charges each key caused and how many calls were in flight at most.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,6 +48,11 @@ pub struct Faults {
     /// Charge, then hang for `hang_ms` (the caller times out).
     pub charge_then_hang_next: u32,
     pub hang_ms: u64,
+    /// Answer 422 before charging (a refusal that says nothing about earlier tries).
+    pub reject_next: u32,
+    /// Charge, but answer `"status": "pending"` (not final); a repeat of the key
+    /// answers the final status.
+    pub pending_next: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +80,10 @@ struct Ledger {
     times_charged: HashMap<String, u32>,
     times_refunded: HashMap<String, u32>,
     faults: Faults,
+    /// Charge and refund calls being served now, and the most at once:
+    /// overall and per key prefix (`pay-<tenant>`: per tenant of ours).
+    in_flight: HashMap<String, u32>,
+    peak_in_flight: HashMap<String, u32>,
 }
 
 #[derive(Clone, Default)]
@@ -84,7 +98,11 @@ struct ChargeRequest {
 
 #[derive(Debug, Deserialize)]
 struct RefundRequest {
-    charge_id: String,
+    #[serde(default)]
+    charge_id: Option<String>,
+    /// The idempotency key the charge was made under, instead of its id.
+    #[serde(default)]
+    charge_key: Option<String>,
     amount_cents: i64,
 }
 
@@ -92,6 +110,42 @@ enum Fault {
     None,
     FailAfter,
     HangAfter(Duration),
+    Pending,
+}
+
+/// Counts one call in flight (overall and under its key's prefix) while alive.
+struct InFlight {
+    sim: Simulator,
+    prefix: String,
+}
+
+impl InFlight {
+    fn new(sim: &Simulator, key: &str) -> Self {
+        let prefix = key.rsplit_once('-').map_or(key, |(p, _)| p).to_owned();
+        let mut ledger = sim.ledger();
+        for name in ["", prefix.as_str()] {
+            let now = ledger.in_flight.entry(name.to_owned()).or_default();
+            *now += 1;
+            let now = *now;
+            let peak = ledger.peak_in_flight.entry(name.to_owned()).or_default();
+            *peak = (*peak).max(now);
+        }
+        Self {
+            sim: sim.clone(),
+            prefix,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut ledger = self.sim.ledger();
+        for name in ["", self.prefix.as_str()] {
+            if let Some(n) = ledger.in_flight.get_mut(name) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
 }
 
 fn key(headers: &HeaderMap) -> Result<String, ApiError> {
@@ -112,6 +166,22 @@ fn key(headers: &HeaderMap) -> Result<String, ApiError> {
 impl Simulator {
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.0.lock().expect("ledger lock poisoned")
+    }
+
+    /// An injected 4xx, drawn before the key is even looked at: real
+    /// providers refuse retries too (a changed body, a conflict), and a
+    /// refusal says nothing about what an earlier try did.
+    fn draw_refusal(&self) -> Result<(), ApiError> {
+        let f = &mut self.ledger().faults;
+        if f.reject_next > 0 {
+            f.reject_next -= 1;
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "rejected",
+                "injected refusal",
+            ));
+        }
+        Ok(())
     }
 
     /// Latency, then the fault this request draws.
@@ -138,6 +208,10 @@ impl Simulator {
             f.charge_then_hang_next -= 1;
             return Ok(Fault::HangAfter(Duration::from_millis(f.hang_ms.max(1))));
         }
+        if f.pending_next > 0 {
+            f.pending_next -= 1;
+            return Ok(Fault::Pending);
+        }
         Ok(Fault::None)
     }
 
@@ -154,6 +228,7 @@ impl Simulator {
                 tokio::time::sleep(d).await;
                 response
             }
+            Fault::Pending => response,
         }
     }
 }
@@ -164,10 +239,13 @@ async fn create_charge(
     Json(req): Json<ChargeRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    let _counted = InFlight::new(&sim, &key);
+    sim.draw_refusal()?;
     if let Some(existing) = sim.ledger().charges.get(&key).cloned() {
         return Ok((StatusCode::OK, Json(existing)).into_response());
     }
     let fault = sim.draw_fault().await?;
+    let pending = matches!(fault, Fault::Pending);
     let charge = {
         let mut ledger = sim.ledger();
         // Another request with this key may have won while we slept.
@@ -188,7 +266,11 @@ async fn create_charge(
         }
         charge
     };
-    Ok(Simulator::after(fault, (StatusCode::CREATED, Json(charge)).into_response()).await)
+    let mut answer = charge;
+    if pending && answer.status == "succeeded" {
+        answer.status = "pending";
+    }
+    Ok(Simulator::after(fault, (StatusCode::CREATED, Json(answer)).into_response()).await)
 }
 
 async fn create_refund(
@@ -197,6 +279,8 @@ async fn create_refund(
     Json(req): Json<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    let _counted = InFlight::new(&sim, &key);
+    sim.draw_refusal()?;
     if let Some(existing) = sim.ledger().refunds.get(&key).cloned() {
         return Ok((StatusCode::OK, Json(existing)).into_response());
     }
@@ -206,20 +290,27 @@ async fn create_refund(
         if let Some(existing) = ledger.refunds.get(&key).cloned() {
             return Ok((StatusCode::OK, Json(existing)).into_response());
         }
-        if !ledger
-            .charges
-            .values()
-            .any(|c| c.charge_id == req.charge_id && c.status == "succeeded")
-        {
+        let charge = match (&req.charge_id, &req.charge_key) {
+            (_, Some(by_key)) => ledger.charges.get(by_key),
+            (Some(id), None) => ledger.charges.values().find(|c| &c.charge_id == id),
+            (None, None) => None,
+        };
+        let Some(charge) = charge.filter(|c| c.status == "succeeded").cloned() else {
+            // By key, 404 says what the caller needs: nothing was charged under it.
+            let status = if req.charge_key.is_some() {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
             return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
+                status,
                 "unknown_charge",
-                "no succeeded charge with that id",
+                "no succeeded charge with that id or key",
             ));
-        }
+        };
         let refund = Refund {
             refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
-            charge_id: req.charge_id,
+            charge_id: charge.charge_id,
             status: "succeeded",
             amount_cents: req.amount_cents,
         };
@@ -228,6 +319,44 @@ async fn create_refund(
         refund
     };
     Ok(Simulator::after(fault, (StatusCode::CREATED, Json(refund)).into_response()).await)
+}
+
+/// `GET /charges/{key}`: the charge made under `key`, or 404.
+async fn charge_by_key(
+    State(sim): State<Simulator>,
+    Path(key): Path<String>,
+) -> Result<Json<Charge>, ApiError> {
+    sim.ledger()
+        .charges
+        .get(&key)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no charge under that key",
+            )
+        })
+}
+
+/// `GET /refunds/{key}`: the refund made under `key`, or 404.
+async fn refund_by_key(
+    State(sim): State<Simulator>,
+    Path(key): Path<String>,
+) -> Result<Json<Refund>, ApiError> {
+    sim.ledger()
+        .refunds
+        .get(&key)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no refund under that key",
+            )
+        })
 }
 
 #[derive(Debug, Serialize)]
@@ -249,9 +378,10 @@ async fn control_charges(State(sim): State<Simulator>) -> Json<serde_json::Value
     per_key.sort_by(|a, b| a.key.cmp(&b.key));
     let total: u32 = per_key.iter().map(|k| k.times_charged).sum();
     let refunds: u32 = ledger.times_refunded.values().sum();
-    Json(
-        serde_json::json!({ "charges": per_key, "total_charges": total, "total_refunds": refunds }),
-    )
+    let peak = ledger.peak_in_flight.get("").copied().unwrap_or(0);
+    Json(serde_json::json!({
+        "charges": per_key, "total_charges": total, "total_refunds": refunds, "peak_in_flight": peak,
+    }))
 }
 
 async fn control_charge(
@@ -280,7 +410,9 @@ async fn control_reset(State(sim): State<Simulator>) -> StatusCode {
 pub fn router(sim: Simulator) -> Router {
     Router::new()
         .route("/charges", post(create_charge))
+        .route("/charges/{key}", get(charge_by_key))
         .route("/refunds", post(create_refund))
+        .route("/refunds/{key}", get(refund_by_key))
         .route("/control/charges", get(control_charges))
         .route("/control/charges/{key}", get(control_charge))
         .route("/control/faults", post(control_faults))
@@ -308,6 +440,16 @@ impl Simulator {
 
     pub fn total_refunds(&self) -> u32 {
         self.ledger().times_refunded.values().sum()
+    }
+
+    /// The most calls served at once, overall (`prefix` "") or under one
+    /// key prefix (`pay-1`: tenant 1's charges).
+    pub fn peak_in_flight(&self, prefix: &str) -> u32 {
+        self.ledger()
+            .peak_in_flight
+            .get(prefix)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn set_faults(&self, faults: Faults) {

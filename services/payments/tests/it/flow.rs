@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use payments::provider::AFTER_PROVIDER;
+use payments::worker::AFTER_PROVIDER;
 use psp_sim::Faults;
 use reliability::Error;
 use reliability::failpoint::{Action, FailPoints};

@@ -3,11 +3,14 @@
 
 mod appliers;
 mod flow;
+mod outcomes;
+mod throughput;
 
 use std::time::Duration;
 
 use payments::charges::{CONSUMER, Charges};
-use payments::provider::{Psp, Worker, WorkerConfig};
+use payments::provider::Psp;
+use payments::worker::{Worker, WorkerConfig};
 use payments::{Settings, build};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
@@ -44,6 +47,9 @@ impl TestApp {
             psp_url: psp_url.clone(),
             psp_timeout_ms: 500,
             psp_lease_secs: 30,
+            psp_max_in_flight: 64,
+            psp_tenant_in_flight: 16,
+            psp_deadline_secs: 900,
             common,
         };
         let app = build(settings, db.databases(), stop.clone()).await.unwrap();
@@ -59,13 +65,30 @@ impl TestApp {
     }
 
     pub fn worker(&self, fail_points: FailPoints) -> Worker {
-        let psp = Psp::new(&self.psp_url, Duration::from_millis(300));
-        Worker::new(
-            self.db.app.clone(),
-            psp,
+        self.worker_with(
             WorkerConfig::default(),
+            Duration::from_millis(300),
             fail_points,
         )
+    }
+
+    pub fn worker_with(
+        &self,
+        config: WorkerConfig,
+        timeout: Duration,
+        fail_points: FailPoints,
+    ) -> Worker {
+        let psp = Psp::new(&self.psp_url, timeout);
+        Worker::new(self.db.app.clone(), psp, config, fail_points)
+    }
+
+    /// Status of every payment of `tenant`, as the owner.
+    pub async fn statuses(&self, tenant: i64) -> Vec<String> {
+        sqlx::query_scalar("SELECT status FROM payments WHERE tenant_id = $1 ORDER BY payment_id")
+            .bind(tenant)
+            .fetch_all(&self.db.owner)
+            .await
+            .unwrap()
     }
 
     /// Records a pending payment as the saga's consumer would.

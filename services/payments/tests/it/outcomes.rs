@@ -1,0 +1,179 @@
+//! The outcome rules of ADR 0011: money that may have moved is never
+//! written off on a 4xx alone, a non-final answer is not a failure, nothing
+//! retries forever, and a refund keeps its key.
+
+use std::time::Duration;
+
+use payments::worker::WorkerConfig;
+use psp_sim::Faults;
+use reliability::failpoint::FailPoints;
+
+use crate::TestApp;
+
+/// Whether the payment's last try left its outcome unknown.
+async fn unknown(app: &TestApp, order_id: i64) -> bool {
+    sqlx::query_scalar("SELECT outcome_unknown FROM payments WHERE order_id = $1")
+        .bind(order_id)
+        .fetch_one(&app.db.owner)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_refusal_after_an_unknown_outcome_looks_the_key_up_instead_of_failing() {
+    let app = TestApp::spawn().await;
+    let worker = app.worker(FailPoints::none());
+    // Order 1: charged, then a 500; the retry is refused (4xx).
+    app.reserve(1, 1, "c-1", 100).await;
+    app.psp.set_faults(Faults {
+        charge_then_fail_next: 1,
+        ..Faults::default()
+    });
+    worker.process_due().await.unwrap();
+    assert!(unknown(&app, 1).await);
+    app.psp.set_faults(Faults {
+        reject_next: 1,
+        ..Faults::default()
+    });
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    assert_eq!(
+        app.payment(1).await.1,
+        "captured",
+        "the look-up found the charge"
+    );
+
+    // Order 2: a 503 before any charge, then refused: the look-up finds
+    // nothing under the key, so failing it is safe.
+    app.reserve(1, 2, "c-1", 100).await;
+    app.psp.set_faults(Faults {
+        fail_next: 1,
+        ..Faults::default()
+    });
+    worker.process_due().await.unwrap();
+    app.psp.set_faults(Faults {
+        reject_next: 1,
+        ..Faults::default()
+    });
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    assert_eq!(app.payment(2).await.1, "failed");
+    assert_eq!(app.psp.total_charges(), 1, "money moved for order 1 only");
+    assert_eq!(app.events().await, ["PaymentCaptured", "PaymentFailed"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_pending_answer_is_not_a_failure() {
+    let app = TestApp::spawn().await;
+    let worker = app.worker(FailPoints::none());
+    app.reserve(1, 3, "c-1", 100).await;
+    app.psp.set_faults(Faults {
+        pending_next: 1,
+        ..Faults::default()
+    });
+    worker.process_due().await.unwrap();
+    assert_eq!(app.payment(3).await.1, "pending");
+    assert!(unknown(&app, 3).await, "not final: asked again later");
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    assert_eq!(app.payment(3).await.1, "captured");
+    assert_eq!(app.psp.total_charges(), 1);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn past_the_deadline_a_payment_fails_and_what_it_may_have_charged_is_refunded_by_key() {
+    let app = TestApp::spawn().await;
+    // Order 4 was charged but we never learned it; order 5 was never charged
+    // (a 503) yet is just as unknown to us; order 6 was never tried.
+    let first = app.worker(FailPoints::none());
+    app.reserve(1, 4, "c-1", 400).await;
+    app.psp.set_faults(Faults {
+        charge_then_fail_next: 1,
+        ..Faults::default()
+    });
+    first.process_due().await.unwrap();
+    app.reserve(1, 5, "c-1", 500).await;
+    app.psp.set_faults(Faults {
+        fail_next: 1,
+        ..Faults::default()
+    });
+    first.process_due().await.unwrap();
+    assert!(unknown(&app, 4).await && unknown(&app, 5).await);
+    app.reserve(1, 6, "c-1", 600).await;
+    app.psp.set_faults(Faults {
+        fail_next: 1_000,
+        ..Faults::default()
+    });
+
+    let late = WorkerConfig {
+        deadline: Duration::ZERO,
+        ..WorkerConfig::default()
+    };
+    let worker = app.worker_with(late, Duration::from_millis(300), FailPoints::none());
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    for order in [4, 5, 6] {
+        assert_eq!(app.payment(order).await.1, "failed", "order {order}");
+    }
+    app.psp.set_faults(Faults::default());
+    worker.process_due().await.unwrap(); // the refunds by key
+    assert_eq!(app.psp.total_charges(), 1);
+    assert_eq!(app.psp.total_refunds(), 1, "order 4's charge came back");
+    assert_eq!(app.payment(4).await.2, 400);
+    assert_eq!(
+        app.payment(5).await.2,
+        0,
+        "nothing to refund under order 5's key"
+    );
+    assert_eq!(app.payment(6).await.2, 0);
+    let mut events = app.events().await;
+    events.sort();
+    assert_eq!(
+        events,
+        [
+            "PaymentFailed",
+            "PaymentFailed",
+            "PaymentFailed",
+            "RefundIssued"
+        ]
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_refund_with_an_unknown_outcome_keeps_its_key_and_is_issued_once() {
+    let app = TestApp::spawn().await;
+    let worker = app.worker(FailPoints::none());
+    app.reserve(1, 7, "c-1", 1000).await;
+    worker.process_due().await.unwrap();
+    let (payment_id, _, _) = app.payment(7).await;
+    let body = serde_json::json!({"payment_id": payment_id, "amount_cents": 300}).to_string();
+    assert_eq!(app.api.post(1, "/refunds", "r-1", &body).await.0, 201);
+
+    // Refunded, then a 500; then refused: the look-up by key finds it.
+    app.psp.set_faults(Faults {
+        charge_then_fail_next: 1,
+        ..Faults::default()
+    });
+    worker.process_due().await.unwrap();
+    app.psp.set_faults(Faults {
+        reject_next: 1,
+        ..Faults::default()
+    });
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    let status: String = sqlx::query_scalar("SELECT status FROM refunds")
+        .fetch_one(&app.db.owner)
+        .await
+        .unwrap();
+    assert_eq!(status, "succeeded");
+    assert_eq!(app.psp.total_refunds(), 1);
+    assert_eq!(
+        app.payment(7).await.2,
+        300,
+        "the amount stays refunded, not given back"
+    );
+    app.stop().await;
+}
