@@ -4,6 +4,7 @@
 //! consumer a durable quorum queue with an explicit delivery limit whose
 //! dead letters go, through `<exchange>.dlx`, to its own `<queue>.dlq`.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -280,21 +281,45 @@ impl Publisher {
                 messages.len()
             ];
         }
-        let confirms = join_all(pending.into_iter().enumerate().map(|(i, sent)| async move {
+        // A `basic.return` is handed to whichever confirm resolves next, not
+        // to the confirm of the message it returns (and a multiple ack
+        // resolves confirms in no fixed order), so a return is matched to
+        // its message by `message_id`, set on every message we publish.
+        let confirms = join_all(pending.into_iter().map(|sent| async move {
             let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
-            match confirm.await {
-                Ok(Confirmation::Ack(None)) => Ok(()),
-                Ok(Confirmation::Ack(Some(_))) => {
-                    Err(PublishFailure::Unroutable(messages[i].routing_key.clone()))
+            confirm
+                .await
+                .map_err(|e| PublishFailure::Broker(e.to_string()))
+        }))
+        .await;
+        let returned: HashSet<String> = confirms
+            .iter()
+            .filter_map(|c| match c {
+                Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))) => ret
+                    .delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.as_str().to_owned()),
+                _ => None,
+            })
+            .collect();
+        confirms
+            .into_iter()
+            .zip(messages)
+            .map(|(confirm, m)| {
+                if returned.contains(&m.message_id) {
+                    return Err(PublishFailure::Unroutable(m.routing_key.clone()));
                 }
-                Ok(Confirmation::Nack(_)) => Err(PublishFailure::Nacked),
-                Ok(Confirmation::NotRequested) => {
-                    Err(PublishFailure::Broker("confirms not enabled".into()))
+                match confirm? {
+                    Confirmation::Ack(_) => Ok(()),
+                    Confirmation::Nack(_) => Err(PublishFailure::Nacked),
+                    Confirmation::NotRequested => {
+                        Err(PublishFailure::Broker("confirms not enabled".into()))
+                    }
                 }
-                Err(e) => Err(PublishFailure::Broker(e.to_string())),
-            }
-        }));
-        confirms.await
+            })
+            .collect()
     }
 }
 

@@ -410,3 +410,63 @@ async fn the_relay_reconnects_after_the_database_goes_away() {
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// A `basic.return` reaches whichever confirm lapin resolves next, not the
+/// one of the returned message: in a batch that mixes routed and unroutable
+/// rows, each row's fate must follow its own message id.
+#[tokio::test]
+async fn in_a_batch_of_routed_and_unroutable_rows_only_the_unroutable_back_off() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.Routed"]).await;
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
+    let publisher = relay.publisher().await.unwrap();
+    let mut rng = crate::support::Rng::new(7);
+    let (mut routed, mut stray) = (Vec::new(), Vec::new());
+    for round in 0..10 {
+        let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+        for i in 0..60 {
+            let kind = if rng.below(2) == 0 { "Routed" } else { "Stray" };
+            let id = outbox::enqueue(
+                &mut tx,
+                &NewEvent::new("test", format!("r{round}-{i}"), kind, &json!({"amount": 1}))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+            if kind == "Routed" {
+                routed.push(id)
+            } else {
+                stray.push(id)
+            }
+        }
+        tx.commit().await.unwrap();
+        let report = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!(report.claimed, 60, "round {round}");
+    }
+    let processed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox_messages WHERE processed_at IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    let backed_off: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox_messages WHERE processed_at IS NULL AND attempts = 1 ORDER BY id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        processed, routed,
+        "every routed row, and only those, marked processed"
+    );
+    assert_eq!(
+        backed_off, stray,
+        "every unroutable row, and only those, backed off"
+    );
+    let mut got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    got.sort_unstable();
+    assert_eq!(got, routed);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
