@@ -32,6 +32,59 @@ pub mod event {
     pub const REFUND_ISSUED: &str = "RefundIssued";
 }
 
+/// Who takes which events: each consumer's queue and the routing keys bound
+/// to it, declared once for both sides. Consumers bind their queue from it;
+/// every relay and `reliability setup` declare every queue in it before
+/// anything is published, so an event waits in each subscriber's queue even
+/// when that subscriber has never run (docs/adr/0012).
+pub mod topology {
+    /// One consumer's queue (its name) and its bindings (`<source>.<EventType>`
+    /// or `<source>.*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Subscription {
+        pub consumer: &'static str,
+        pub bindings: &'static [&'static str],
+    }
+
+    /// inventory reserves on placement and settles on the decision.
+    pub const INVENTORY_STOCK: Subscription = Subscription {
+        consumer: "inventory.stock",
+        bindings: &[
+            "orders.OrderPlaced",
+            "orders.OrderConfirmed",
+            "orders.OrderCancelled",
+        ],
+    };
+    /// payments records a payment once stock is reserved.
+    pub const PAYMENTS_CHARGES: Subscription = Subscription {
+        consumer: "payments.charges",
+        bindings: &["inventory.InventoryReserved"],
+    };
+    /// orders decides on the reservation's or the payment's outcome.
+    pub const ORDERS_SAGA: Subscription = Subscription {
+        consumer: "orders.saga",
+        bindings: &[
+            "inventory.InventoryRejected",
+            "payments.PaymentCaptured",
+            "payments.PaymentFailed",
+        ],
+    };
+    /// The projection takes every event (and ignores what is not an order's),
+    /// so every event has at least one subscriber.
+    pub const PROJECTION_VIEWS: Subscription = Subscription {
+        consumer: "projection.views",
+        bindings: &["orders.*", "inventory.*", "payments.*"],
+    };
+
+    /// Every subscription of the commerce services.
+    pub const ALL: &[Subscription] = &[
+        INVENTORY_STOCK,
+        PAYMENTS_CHARGES,
+        ORDERS_SAGA,
+        PROJECTION_VIEWS,
+    ];
+}
+
 /// Aggregate types, as written in the outbox.
 pub mod aggregate {
     pub const ORDER: &str = "order";
@@ -117,6 +170,29 @@ pub struct RefundIssued {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_binding_names_a_source_and_a_known_event_or_all_of_them() {
+        let sources = [source::ORDERS, source::INVENTORY, source::PAYMENTS];
+        let events = [
+            event::ORDER_PLACED,
+            event::ORDER_CONFIRMED,
+            event::ORDER_CANCELLED,
+            event::INVENTORY_RESERVED,
+            event::INVENTORY_REJECTED,
+            event::STOCK_ADJUSTED,
+            event::PAYMENT_CAPTURED,
+            event::PAYMENT_FAILED,
+            event::REFUND_ISSUED,
+        ];
+        for sub in topology::ALL {
+            for binding in sub.bindings {
+                let (source, event) = binding.split_once('.').expect("<source>.<event>");
+                assert!(sources.contains(&source), "{binding}");
+                assert!(event == "*" || events.contains(&event), "{binding}");
+            }
+        }
+    }
 
     #[test]
     fn payloads_keep_their_wire_names() {

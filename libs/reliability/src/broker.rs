@@ -69,6 +69,33 @@ pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
     Ok(())
 }
 
+pub use contracts::topology::Subscription;
+
+/// Declares every queue of `queues` (with its bindings, DLX and DLQ), as
+/// setup and a relay do before anything is published: idempotent.
+pub async fn declare_topology(channel: &Channel, queues: &[QueueSpec]) -> Result<()> {
+    for spec in queues {
+        declare_queue(channel, spec).await?;
+    }
+    Ok(())
+}
+
+/// Checks that every queue of `queues` exists (passive declares, side by
+/// side on one channel). A missing one closes `channel`: the caller
+/// reconnects and declares the topology again before it publishes.
+pub async fn require_queues(channel: &Channel, queues: &[QueueSpec]) -> Result<()> {
+    let checks = join_all(queues.iter().map(|q| queue_depth(channel, &q.queue))).await;
+    for (spec, check) in queues.iter().zip(checks) {
+        if let Err(e) = check {
+            return Err(Error::Topology(format!(
+                "queue {} is missing: {e}",
+                spec.queue
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A consumer's queue and where its poison messages end.
 #[derive(Debug, Clone)]
 pub struct QueueSpec {
@@ -80,6 +107,19 @@ pub struct QueueSpec {
     /// 3.10 has no default: without it a message that crashes its consumer
     /// would be redelivered forever (I8).
     pub delivery_limit: u32,
+}
+
+impl QueueSpec {
+    /// The queue of `sub` on `exchange`, its name prefixed with
+    /// `queue_prefix` (tests and side-by-side stacks keep theirs apart).
+    pub fn for_subscription(sub: &Subscription, exchange: &str, queue_prefix: &str) -> Self {
+        Self {
+            queue: format!("{queue_prefix}{}", sub.consumer),
+            exchange: exchange.to_owned(),
+            bindings: sub.bindings.iter().map(|b| (*b).to_owned()).collect(),
+            delivery_limit: 10,
+        }
+    }
 }
 
 /// Declares the exchange, the dead-letter exchange, the queue, its DLQ and
@@ -234,6 +274,17 @@ impl Publisher {
     /// publishing to a missing exchange, or a broker restart).
     pub fn is_usable(&self) -> bool {
         self.channel.status().connected()
+    }
+
+    /// Declares `queues` on this publisher's channel (idempotent).
+    pub async fn declare_topology(&self, queues: &[QueueSpec]) -> Result<()> {
+        bounded(declare_topology(&self.channel, queues)).await
+    }
+
+    /// Fails, and leaves this publisher unusable, if any of `queues` is
+    /// missing (see [`require_queues`]).
+    pub async fn require_queues(&self, queues: &[QueueSpec]) -> Result<()> {
+        bounded(require_queues(&self.channel, queues)).await
     }
 
     /// Publishes every message, then awaits all confirms together: one round

@@ -18,6 +18,10 @@ pub enum Error {
     /// crashed process would, without cleaning up.
     #[error("fail point {0} fired")]
     FailPoint(&'static str),
+    /// A queue a publisher relies on is missing and could not be declared:
+    /// nothing is published until it exists (docs/adr/0012).
+    #[error("broker topology incomplete: {0}")]
+    Topology(String),
     #[error("invalid configuration: {0}")]
     Config(String),
 }

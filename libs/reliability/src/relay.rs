@@ -19,7 +19,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{self, Outgoing, Publisher};
+use crate::broker::{self, Outgoing, Publisher, QueueSpec};
 use crate::failpoint::{self, FailPoints};
 use crate::outbox::Envelope;
 use crate::{Error, Result};
@@ -45,6 +45,10 @@ pub struct RelayConfig {
     /// How long the batch waits for the broker's confirms (and so the
     /// longest the claim's transaction stays open).
     pub confirm_timeout: Duration,
+    /// Every subscriber queue the published events must reach: declared
+    /// when the publisher opens and checked before each batch; a batch is
+    /// not claimed while one is missing (docs/adr/0012).
+    pub topology: Vec<QueueSpec>,
     pub fail_points: FailPoints,
 }
 
@@ -61,6 +65,7 @@ impl RelayConfig {
             backoff_max_steps: 8,
             max_attempts: 10,
             confirm_timeout: Duration::from_secs(10),
+            topology: Vec::new(),
             fail_points: FailPoints::none(),
         }
     }
@@ -117,20 +122,28 @@ impl Relay {
         &self.config
     }
 
-    /// Opens a confirmed publisher on the configured exchange.
+    /// Opens a confirmed publisher on the configured exchange and declares
+    /// the topology: every subscriber queue exists before the first publish.
     pub async fn publisher(&self) -> Result<Publisher> {
         let conn =
             broker::connect(&self.amqp_url, &format!("{}-relay", self.config.source)).await?;
-        Ok(
-            Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout)
-                .await?
-                .with_fail_points(self.config.fail_points.clone()),
-        )
+        let publisher = Publisher::new(&conn, &self.config.exchange, self.config.confirm_timeout)
+            .await?
+            .with_fail_points(self.config.fail_points.clone());
+        publisher
+            .declare_topology(&self.config.topology)
+            .await
+            .map_err(|e| Error::Topology(format!("cannot declare the subscriber queues: {e}")))?;
+        Ok(publisher)
     }
 
     /// Claims, publishes and marks one batch of due rows.
     #[tracing::instrument(skip_all, fields(source = %self.config.source))]
     pub async fn relay_batch(&self, publisher: &Publisher) -> Result<BatchReport> {
+        // A queue deleted since the publisher opened would silently miss
+        // these events (the others' queues still take them, so nothing is
+        // returned): check first; the reconnect declares it again.
+        publisher.require_queues(&self.config.topology).await?;
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Claimed> = sqlx::query_as(
             "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,

@@ -33,6 +33,7 @@ use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::JwtKeys;
+use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::{Consumer, ConsumerConfig, Handler};
 use crate::failpoint::FailPoints;
 use crate::http::ApiError;
@@ -156,12 +157,16 @@ impl CommonSettings {
         FailPoints::parse(&self.fail_points)
     }
 
-    /// A consumer named `name` on the events exchange, bound to `bindings`,
-    /// its queue prefixed and its fail points armed from these settings.
-    pub fn consumer_config(&self, name: &str, bindings: &[String]) -> Result<ConsumerConfig> {
-        let keys: Vec<&str> = bindings.iter().map(String::as_str).collect();
-        let mut config = ConsumerConfig::new(name, &self.exchange, &keys);
-        config.queue.queue = format!("{}{name}", self.queue_prefix);
+    /// The queue of `sub` on the events exchange, its name prefixed.
+    pub fn queue_spec(&self, sub: &Subscription) -> QueueSpec {
+        QueueSpec::for_subscription(sub, &self.exchange, &self.queue_prefix)
+    }
+
+    /// The consumer of `sub` (the topology declares it once for both sides),
+    /// its lanes and fail points from these settings.
+    pub fn consumer_config(&self, sub: &Subscription) -> Result<ConsumerConfig> {
+        let mut config = ConsumerConfig::new(sub.consumer, &self.exchange, sub.bindings);
+        config.queue = self.queue_spec(sub);
         config.lanes = self.consumer_lanes.max(1);
         config.fail_points = self.fail_points()?;
         Ok(config)
@@ -326,8 +331,10 @@ impl Tasks {
         dbs: &Databases,
         common: &CommonSettings,
         source: &str,
+        subscriptions: &[Subscription],
     ) -> Result<()> {
         let mut config = RelayConfig::new(source, &common.exchange);
+        config.topology = subscriptions.iter().map(|s| common.queue_spec(s)).collect();
         config.fail_points = common.fail_points()?;
         config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
         config.max_attempts = common.relay_max_attempts;
@@ -383,6 +390,9 @@ pub struct ServiceSpec<'a> {
     pub migrations: &'static sqlx::migrate::Migrator,
     /// The service's documented routes, given the shared HTTP state.
     pub routes: fn(ApiState) -> OpenApiRouter,
+    /// Every subscriber queue its relay must see exist before it publishes
+    /// (the commerce services: `contracts::topology::ALL`).
+    pub subscriptions: &'static [Subscription],
 }
 
 /// A started service: its port (when serving) and its tasks.
@@ -442,7 +452,7 @@ pub async fn launch(
         tracing::info!(service = spec.name, port, "listening");
     }
     if spec.role.relays() {
-        tasks.spawn_relay(&dbs, common, spec.name)?;
+        tasks.spawn_relay(&dbs, common, spec.name, spec.subscriptions)?;
     }
     if spec.role.consumes() {
         consumers(&mut tasks, &dbs)?;

@@ -5,23 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use contracts::{aggregate, event, source};
+use contracts::{aggregate, event};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::{self, Envelope, NewEvent, routing_key};
+use reliability::outbox::{self, Envelope, NewEvent};
 use reliability::{TenantTx, service::CommonSettings};
 
-pub const CONSUMER: &str = "inventory.stock";
+pub const CONSUMER: &str = contracts::topology::INVENTORY_STOCK.consumer;
 
+/// The queue and bindings of `contracts::topology::INVENTORY_STOCK`.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    let keys: Vec<String> = [
-        event::ORDER_PLACED,
-        event::ORDER_CONFIRMED,
-        event::ORDER_CANCELLED,
-    ]
-    .iter()
-    .map(|e| routing_key(source::ORDERS, e))
-    .collect();
-    common.consumer_config(CONSUMER, &keys)
+    common.consumer_config(&contracts::topology::INVENTORY_STOCK)
 }
 
 pub struct Stock;

@@ -58,6 +58,7 @@ pub async fn build(
         common,
         migrations: &MIGRATIONS,
         routes: http::router,
+        subscriptions: contracts::topology::ALL,
     };
     let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
         tasks.spawn_consumer(Consumer::new(

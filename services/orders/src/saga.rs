@@ -3,22 +3,16 @@
 //! `OrderCancelled`. Only a `pending` order moves, so a late or repeated
 //! event cannot flip a decided one.
 
-use contracts::{aggregate, event, source};
+use contracts::{aggregate, event};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
-use reliability::outbox::{self, Envelope, NewEvent, routing_key};
+use reliability::outbox::{self, Envelope, NewEvent};
 use reliability::{TenantTx, service::CommonSettings};
 
-pub const CONSUMER: &str = "orders.saga";
+pub const CONSUMER: &str = contracts::topology::ORDERS_SAGA.consumer;
 
+/// The queue and bindings of `contracts::topology::ORDERS_SAGA`.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(
-        CONSUMER,
-        &[
-            routing_key(source::INVENTORY, event::INVENTORY_REJECTED),
-            routing_key(source::PAYMENTS, event::PAYMENT_CAPTURED),
-            routing_key(source::PAYMENTS, event::PAYMENT_FAILED),
-        ],
-    )
+    common.consumer_config(&contracts::topology::ORDERS_SAGA)
 }
 
 pub struct Saga;

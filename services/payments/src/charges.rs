@@ -1,18 +1,16 @@
 //! The payments step of the saga: on `InventoryReserved`, record a pending
 //! payment. Charging happens in the provider worker, outside any transaction.
 
-use contracts::{event, source};
+use contracts::event;
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::{Envelope, routing_key};
+use reliability::outbox::Envelope;
 use reliability::{TenantTx, service::CommonSettings};
 
-pub const CONSUMER: &str = "payments.charges";
+pub const CONSUMER: &str = contracts::topology::PAYMENTS_CHARGES.consumer;
 
+/// The queue and bindings of `contracts::topology::PAYMENTS_CHARGES`.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(
-        CONSUMER,
-        &[routing_key(source::INVENTORY, event::INVENTORY_RESERVED)],
-    )
+    common.consumer_config(&contracts::topology::PAYMENTS_CHARGES)
 }
 
 pub struct Charges;

@@ -5,27 +5,16 @@
 //! of one order's events would each miss the other's event and the later
 //! write would lose one, so they take turns on the order (`lock_key`).
 
-use contracts::{aggregate, event, source};
+use contracts::{aggregate, event};
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
-use reliability::outbox::{Envelope, routing_key};
+use reliability::outbox::Envelope;
 use reliability::{TenantTx, service::CommonSettings};
 
-pub const CONSUMER: &str = "projection.views";
+pub const CONSUMER: &str = contracts::topology::PROJECTION_VIEWS.consumer;
 
-/// Every event of the three sources.
+/// The queue and bindings of `contracts::topology::PROJECTION_VIEWS`.
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(
-        CONSUMER,
-        &[
-            routing_key(source::ORDERS, "*"),
-            // Every event needs a subscriber, or mandatory publishing returns
-            // it and it ends in the outbox DLQ: the projection takes all of
-            // inventory's (StockAdjusted included) and ignores what is not an
-            // order's.
-            routing_key(source::INVENTORY, "*"),
-            routing_key(source::PAYMENTS, "*"),
-        ],
-    )
+    common.consumer_config(&contracts::topology::PROJECTION_VIEWS)
 }
 
 pub struct Views;

@@ -5,15 +5,25 @@
 //! rows it shares with other aggregates (`prepare`: none here).
 
 use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
-use reliability::outbox::{Envelope, routing_key};
+use reliability::broker::Subscription;
+use reliability::outbox::Envelope;
 use reliability::{TenantTx, service::CommonSettings};
 
 use crate::http::ITEM_CREATED;
 
-pub const CONSUMER: &str = "__SERVICE__.audit";
+/// The consumer's queue and bindings, declared once: the consumer binds its
+/// queue from it and the relay declares it before it publishes. A service
+/// whose consumers take other services' events adds them to
+/// `contracts::topology` instead, so every publisher declares them.
+pub const SUBSCRIPTION: Subscription = Subscription {
+    consumer: "__SERVICE__.audit",
+    bindings: &["__SERVICE__.ItemCreated"],
+};
+
+pub const CONSUMER: &str = SUBSCRIPTION.consumer;
 
 pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(CONSUMER, &[routing_key(crate::SOURCE, ITEM_CREATED)])
+    common.consumer_config(&SUBSCRIPTION)
 }
 
 pub struct Audit;

@@ -48,6 +48,7 @@ pub async fn build(settings: Settings, dbs: Databases, shutdown: ShutdownToken) 
             common,
             migrations: &MIGRATIONS,
             routes: http::router,
+            subscriptions: &[audit::SUBSCRIPTION],
         };
     let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
             tasks.spawn_consumer(Consumer::new(dbs.app.clone(), &common.amqp_url, audit::consumer_config(common)?, audit::Audit));

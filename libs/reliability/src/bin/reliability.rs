@@ -23,7 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the roles, then each database with the reliability tables.
+    /// Create the roles, then each database with the reliability tables; and
+    /// declare every subscriber queue of the topology, so that events wait
+    /// for a consumer that has never run.
     Setup {
         /// A superuser connection (creates roles and databases).
         #[arg(
@@ -32,6 +34,19 @@ enum Command {
             default_value = "postgres://postgres@127.0.0.1:5432/postgres"
         )]
         admin_url: String,
+        /// The broker whose topology to declare.
+        #[arg(
+            long,
+            env = "AMQP_URL",
+            default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        )]
+        amqp_url: String,
+        /// The events exchange.
+        #[arg(long, env = "EVENTS_EXCHANGE", default_value = "commerce.events")]
+        exchange: String,
+        /// Prefix of every queue name, as the services are given it.
+        #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
+        queue_prefix: String,
         /// Databases to create and migrate, e.g. orders inventory.
         databases: Vec<String>,
     },
@@ -169,6 +184,9 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Setup {
             admin_url,
+            amqp_url,
+            exchange,
+            queue_prefix,
             databases,
         } => {
             let admin_opts = PgConnectOptions::from_str(&admin_url).context("parse admin URL")?;
@@ -189,6 +207,21 @@ async fn main() -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("migrate {name}"))?;
                 println!("database {name}: ready");
+            }
+            let queues: Vec<broker::QueueSpec> = contracts::topology::ALL
+                .iter()
+                .map(|sub| broker::QueueSpec::for_subscription(sub, &exchange, &queue_prefix))
+                .collect();
+            let conn = broker::connect(&amqp_url, "reliability-setup")
+                .await
+                .context("connect to the broker")?;
+            let channel = broker::bounded(conn.create_channel()).await?;
+            broker::bounded(broker::declare_topology(&channel, &queues))
+                .await
+                .context("declare the subscriber queues")?;
+            let _ = conn.close(200, "setup done".into()).await;
+            for q in &queues {
+                println!("queue {}: bound to {}", q.queue, q.bindings.join(", "));
             }
         }
         Command::OutboxStatus { database_url } => {

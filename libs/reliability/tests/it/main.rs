@@ -8,3 +8,4 @@ mod maintenance;
 mod relay;
 mod support;
 mod tenancy;
+mod topology;
