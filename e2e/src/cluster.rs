@@ -135,7 +135,11 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
         vars.retain(|(name, _)| name != k);
         vars.push(((*k).to_owned(), (*v).to_owned()));
     }
-    let mut cluster = Cluster::new(vars, PathBuf::from(".run").join(layout.name))?;
+    let mut cluster = Cluster::new(
+        vars,
+        PathBuf::from(".run").join(layout.name),
+        layout.port_base + 200,
+    )?;
     cluster.add(
         "psp-sim",
         layout.bin("psp-sim"),

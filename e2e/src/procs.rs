@@ -18,6 +18,9 @@ pub struct Proc {
     args: Vec<String>,
     /// Port of its `/readyz`, for the roles that serve HTTP.
     pub http: Option<u16>,
+    /// Port of `/healthz`, `/readyz` and `/metrics` of a role that serves
+    /// no HTTP API (relay, consume): its `OPS_PORT`.
+    pub ops: Option<u16>,
     child: Option<Child>,
     /// Times it was started (restarts included).
     pub starts: u32,
@@ -30,25 +33,35 @@ pub struct Cluster {
     pub procs: BTreeMap<String, Proc>,
     env: Vec<(String, String)>,
     logs: PathBuf,
+    /// The ops port the next process without an HTTP port gets.
+    next_ops: u16,
 }
 
 impl Cluster {
-    pub fn new(env: Vec<(String, String)>, logs: PathBuf) -> anyhow::Result<Self> {
+    /// Processes without an HTTP port get ops ports from `ops_base` up.
+    pub fn new(env: Vec<(String, String)>, logs: PathBuf, ops_base: u16) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&logs)?;
         Ok(Self {
             procs: BTreeMap::new(),
             env,
             logs,
+            next_ops: ops_base,
         })
     }
 
-    /// Registers `name` = `bin args…` (not started).
+    /// Registers `name` = `bin args…` (not started). Without `http`, it
+    /// gets an ops port of its own.
     pub fn add(&mut self, name: &str, bin: PathBuf, args: &[&str], http: Option<u16>) {
+        let ops = http.is_none().then(|| {
+            self.next_ops += 1;
+            self.next_ops
+        });
         let p = Proc {
             name: name.to_owned(),
             bin,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             http,
+            ops,
             child: None,
             starts: 0,
             armed: false,
@@ -67,6 +80,9 @@ impl Cluster {
             .stdout(log.try_clone()?)
             .stderr(log);
         cmd.env("RELIABILITY_FAILPOINTS", fail_points.unwrap_or(""));
+        if let Some(ops) = p.ops {
+            cmd.env("OPS_PORT", ops.to_string());
+        }
         p.child = Some(
             cmd.spawn()
                 .with_context(|| format!("start {}", p.bin.display()))?,
@@ -127,13 +143,19 @@ impl Cluster {
         }
     }
 
-    /// Waits until every HTTP role answers `/readyz` and every process lives.
+    /// Where `name`'s `/metrics` answers (its HTTP or its ops port).
+    pub fn metrics_port(&self, name: &str) -> Option<u16> {
+        self.procs.get(name).and_then(|p| p.http.or(p.ops))
+    }
+
+    /// Waits until every process answers `/readyz` (relays with their
+    /// topology declared, consumers connected) and every process lives.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let http = reqwest::Client::new();
         let ports: Vec<(String, u16)> = self
             .procs
             .values()
-            .filter_map(|p| p.http.map(|port| (p.name.clone(), port)))
+            .filter_map(|p| p.http.or(p.ops).map(|port| (p.name.clone(), port)))
             .collect();
         for (name, port) in ports {
             wait_until(

@@ -38,6 +38,7 @@ use tracing::Instrument;
 
 use crate::broker::{self, QueueSpec};
 use crate::failpoint::{self, FailPoints};
+use crate::health::Health;
 use crate::outbox::Envelope;
 use crate::{Error, Result, TenantId, TenantTx};
 
@@ -168,6 +169,7 @@ pub struct Consumer<H> {
     config: ConsumerConfig,
     handler: H,
     stats: Arc<Counters>,
+    health: Health,
 }
 
 #[derive(Debug, Default)]
@@ -231,7 +233,20 @@ impl<H: Handler> Consumer<H> {
             config,
             handler,
             stats: Arc::default(),
+            health: Health::default(),
         }
+    }
+
+    /// Reports to `health` (the process's `/readyz`) as `consumer <name>`:
+    /// ready while every lane is connected, else why not.
+    #[must_use]
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
+    }
+
+    fn health_part(&self) -> String {
+        format!("consumer {}", self.config.name)
     }
 
     pub fn stats(&self) -> ConsumerStats {
@@ -433,11 +448,13 @@ impl<H: Handler> Consumer<H> {
     /// only when a fail point fired (the simulated crash).
     pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
         let mut delay = Duration::from_millis(100);
+        self.health.starting(&self.health_part());
         while !shutdown.is_cancelled() {
             match self.run_connected(&shutdown).await {
                 Ok(()) => return Ok(()),
                 Err(e @ Error::FailPoint(_)) => return Err(e),
                 Err(e) => {
+                    self.health.not_ready(&self.health_part(), &e);
                     tracing::warn!(consumer = %self.config.name, error = %e, retry_in = ?delay, "consumer lost its broker; reconnecting");
                     tokio::select! {
                         () = shutdown.cancelled() => return Ok(()),
@@ -456,6 +473,7 @@ impl<H: Handler> Consumer<H> {
     async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
         let conn =
             broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
+        self.health.ready(&self.health_part());
         let lanes = self.config.lanes.max(1);
         let stop_lanes = shutdown.child_token();
         let result = futures_util::future::try_join_all((0..lanes).map(|i| {

@@ -20,6 +20,7 @@ pub mod consumer;
 pub mod db;
 mod error;
 pub mod failpoint;
+pub mod health;
 pub mod http;
 pub mod idempotency;
 pub mod maintenance;

@@ -21,8 +21,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{self, Outgoing, Publisher, QueueSpec};
 use crate::failpoint::{self, FailPoints};
+use crate::health::Health;
 use crate::outbox::Envelope;
 use crate::{Error, Result};
+
+/// The relay's name in `/readyz`.
+const HEALTH_PART: &str = "relay";
 
 /// The channel the outbox trigger notifies on commit.
 pub const NOTIFY_CHANNEL: &str = "outbox_messages";
@@ -94,6 +98,7 @@ pub struct Relay {
     pool: PgPool,
     amqp_url: String,
     config: RelayConfig,
+    health: Health,
 }
 
 #[derive(sqlx::FromRow)]
@@ -115,7 +120,16 @@ impl Relay {
             pool,
             amqp_url: amqp_url.to_owned(),
             config,
+            health: Health::default(),
         }
+    }
+
+    /// Reports to `health` (the process's `/readyz`): ready while connected
+    /// with its topology declared, else why not.
+    #[must_use]
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
     }
 
     pub fn config(&self) -> &RelayConfig {
@@ -241,11 +255,13 @@ impl Relay {
     /// either goes away. Returns an error only when a fail point fired.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
         let mut delay = Duration::from_millis(100);
+        self.health.starting(HEALTH_PART);
         while !shutdown.is_cancelled() {
             match self.run_connected(&shutdown).await {
                 Ok(()) => return Ok(()),
                 Err(e @ Error::FailPoint(_)) => return Err(e),
                 Err(e) => {
+                    self.health.not_ready(HEALTH_PART, &e);
                     tracing::warn!(error = %e, retry_in = ?delay, "relay lost its broker or database; reconnecting");
                     tokio::select! {
                         () = shutdown.cancelled() => return Ok(()),
@@ -262,6 +278,7 @@ impl Relay {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(NOTIFY_CHANNEL).await?;
         let publisher = self.publisher().await?;
+        self.health.ready(HEALTH_PART);
         tracing::info!(source = %self.config.source, exchange = %self.config.exchange, "relay connected");
         let mut gauges_at = Instant::now() - Duration::from_secs(60);
         loop {

@@ -36,6 +36,7 @@ use crate::auth::JwtKeys;
 use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::{Consumer, ConsumerConfig, Handler};
 use crate::failpoint::FailPoints;
+use crate::health::Health;
 use crate::http::ApiError;
 use crate::idempotency::IdempotencyConfig;
 use crate::maintenance::{self, MaintenanceConfig};
@@ -121,6 +122,12 @@ pub struct CommonSettings {
     /// consume the same queues too.
     #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
     pub consumer_lanes: usize,
+    /// Port of `/healthz`, `/readyz` and `/metrics` for a process that
+    /// serves no HTTP API (roles `relay` and `consume`); default: the
+    /// service's port + 1000 (relay) or + 2000 (consume). Roles that serve
+    /// answer them on the service's port.
+    #[arg(long, env = "OPS_PORT")]
+    pub ops_port: Option<u16>,
     /// Print the service's OpenAPI document and exit.
     #[arg(long)]
     pub openapi: bool,
@@ -144,6 +151,7 @@ impl CommonSettings {
             relay_backoff_ms: 30_000,
             relay_max_attempts: 10,
             consumer_lanes: 4,
+            ops_port: None,
             openapi: false,
             bind_address: "127.0.0.1".into(),
         }
@@ -302,6 +310,7 @@ pub async fn migrate_with_retry(
 pub struct Tasks {
     set: JoinSet<(String, Result<()>)>,
     shutdown: CancellationToken,
+    health: Health,
 }
 
 impl Tasks {
@@ -309,7 +318,13 @@ impl Tasks {
         Self {
             set: JoinSet::new(),
             shutdown,
+            health: Health::default(),
         }
+    }
+
+    /// What this process's parts report to `/readyz`.
+    pub fn health(&self) -> Health {
+        self.health.clone()
     }
 
     pub fn shutdown(&self) -> CancellationToken {
@@ -338,7 +353,8 @@ impl Tasks {
         config.fail_points = common.fail_points()?;
         config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
         config.max_attempts = common.relay_max_attempts;
-        let relay = Relay::new(dbs.relay.clone(), &common.amqp_url, config);
+        let relay =
+            Relay::new(dbs.relay.clone(), &common.amqp_url, config).with_health(self.health());
         let stop = self.shutdown.clone();
         self.spawn("relay", async move { relay.run(stop).await });
         let (owner, stop) = (dbs.owner.clone(), self.shutdown.clone());
@@ -350,6 +366,7 @@ impl Tasks {
     }
 
     pub fn spawn_consumer<H: Handler>(&mut self, consumer: Consumer<H>) {
+        let consumer = consumer.with_health(self.health());
         let stop = self.shutdown.clone();
         let name = format!("consumer {}", consumer.config().name);
         self.spawn(&name, async move { consumer.run(stop).await });
@@ -395,9 +412,10 @@ pub struct ServiceSpec<'a> {
     pub subscriptions: &'static [Subscription],
 }
 
-/// A started service: its port (when serving) and its tasks.
+/// A started service: its ports and its tasks.
 pub struct Application {
     port: u16,
+    ops_port: u16,
     tasks: Tasks,
 }
 
@@ -405,6 +423,12 @@ impl Application {
     /// The HTTP port, when the role serves.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Where `/healthz`, `/readyz` and `/metrics` answer: the HTTP port when
+    /// the role serves, else the ops port.
+    pub fn ops_port(&self) -> u16 {
+        self.ops_port
     }
 
     /// Until SIGTERM (or the shutdown token), or until a part fails.
@@ -427,13 +451,17 @@ pub async fn launch(
     if spec.role.migrates() {
         migrate_with_retry(&dbs.owner, spec.migrations, &shutdown).await?;
     }
-    let mut port = 0;
+    let metrics = crate::metrics::install();
+    let ready = Readiness {
+        pool: dbs.app.clone(),
+        amqp_url: common.amqp_url.clone(),
+        health: tasks.health(),
+    };
+    let (mut port, mut ops_port) = (0, 0);
     if spec.role.serves() {
         let listener = bind(common, spec.port).await?;
-        port = listener
-            .local_addr()
-            .map_err(|e| Error::Config(e.to_string()))?
-            .port();
+        port = local_port(&listener)?;
+        ops_port = port;
         let (routes, mut api) =
             (spec.routes)(ApiState::new(dbs.app.clone(), common.jwt_keys())).split_for_parts();
         document(&mut api, spec.name);
@@ -442,14 +470,22 @@ pub async fn launch(
             "/openapi.json",
             get(move || std::future::ready(axum::Json(api.as_ref().clone()))),
         );
-        let app = http_app(
-            routes,
-            dbs.app.clone(),
-            &common.amqp_url,
-            crate::metrics::install(),
-        );
+        let app = http_app(routes, ready, metrics);
         tasks.spawn("http", serve(listener, app, shutdown.clone()));
         tracing::info!(service = spec.name, port, "listening");
+    } else if spec.role.relays() || spec.role.consumes() {
+        // Every role is observable: a relay-only or consumer-only process
+        // serves the ops routes on a port of its own.
+        let offset = if spec.role.relays() { 1000 } else { 2000 };
+        let wanted = common.ops_port.unwrap_or(match spec.port {
+            0 => 0,
+            p => p.saturating_add(offset),
+        });
+        let listener = bind(common, wanted).await?;
+        ops_port = local_port(&listener)?;
+        let app = ops_routes(ready, metrics);
+        tasks.spawn("ops http", serve(listener, app, shutdown.clone()));
+        tracing::info!(service = spec.name, role = ?spec.role, ops_port, "health and metrics at /healthz /readyz /metrics");
     }
     if spec.role.relays() {
         tasks.spawn_relay(&dbs, common, spec.name, spec.subscriptions)?;
@@ -457,7 +493,18 @@ pub async fn launch(
     if spec.role.consumes() {
         consumers(&mut tasks, &dbs)?;
     }
-    Ok(Application { port, tasks })
+    Ok(Application {
+        port,
+        ops_port,
+        tasks,
+    })
+}
+
+fn local_port(listener: &TcpListener) -> Result<u16> {
+    Ok(listener
+        .local_addr()
+        .map_err(|e| Error::Config(e.to_string()))?
+        .port())
 }
 
 /// The OpenAPI document of a service's routes, without a database (for
@@ -581,32 +628,32 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationTok
         .map_err(|e| Error::Config(format!("http server: {e}")))
 }
 
+/// What `/readyz` checks: the database, the broker, and every part of the
+/// process (relay, consumers) that reports to `health`.
 #[derive(Clone)]
-struct Readiness {
-    pool: PgPool,
-    amqp_url: String,
+pub struct Readiness {
+    pub pool: PgPool,
+    pub amqp_url: String,
+    pub health: Health,
 }
 
-/// The service's routes wrapped in the contract's HTTP stack, plus
-/// `/healthz`, `/readyz` (its database and broker reachable) and `/metrics`.
-pub fn http_app(
-    routes: Router,
-    app_pool: PgPool,
-    amqp_url: &str,
-    metrics: PrometheusHandle,
-) -> Router {
-    let request_id = HeaderName::from_static("x-request-id");
-    let ops = Router::new()
+/// `/healthz`, `/readyz` and `/metrics`: what every process role serves.
+pub fn ops_routes(ready: Readiness, metrics: PrometheusHandle) -> Router {
+    Router::new()
         .route(
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
         .route("/readyz", get(readyz))
-        .with_state(Readiness {
-            pool: app_pool,
-            amqp_url: amqp_url.to_owned(),
-        })
-        .merge(crate::metrics::router(metrics));
+        .with_state(ready)
+        .merge(crate::metrics::router(metrics))
+}
+
+/// The service's routes wrapped in the contract's HTTP stack, plus
+/// `/healthz`, `/readyz` and `/metrics`.
+pub fn http_app(routes: Router, ready: Readiness, metrics: PrometheusHandle) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    let ops = ops_routes(ready, metrics);
     routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -637,14 +684,15 @@ async fn readyz(State(r): State<Readiness>) -> Response {
     .await;
     let db_ok = matches!(db, Ok(Ok(_)));
     let broker_ok = broker_reachable(&r.amqp_url).await;
-    let status = if db_ok && broker_ok {
+    let (parts_ok, parts) = r.health.report();
+    let status = if db_ok && broker_ok && parts_ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (
         status,
-        axum::Json(serde_json::json!({"database": db_ok, "broker": broker_ok})),
+        axum::Json(serde_json::json!({"database": db_ok, "broker": broker_ok, "parts": parts})),
     )
         .into_response()
 }

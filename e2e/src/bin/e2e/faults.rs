@@ -422,6 +422,7 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
             "DLQ: {projection_dlq} holds {left:?}; only the poison {injected:?} should stay"
         ));
     }
+    violations.extend(dlq_metrics(run).await?);
     Ok((
         format!(
             "malformed + v99 published; projection handler failing (consumer.handler=error*): {} events dead-lettered, then `reliability dlq-redrive`",
@@ -429,6 +430,68 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
         ),
         violations,
     ))
+}
+
+/// What every role's `/metrics` says the DLQs hold, against what they hold:
+/// each consumer process's `consumer_dlq_depth` (the broker's DLQ depth) and
+/// each relay process's `outbox_dlq_depth` (the outbox DLQ table's rows).
+/// Gauges refresh every few seconds, so each is given ten to agree.
+async fn dlq_metrics(run: &Run) -> anyhow::Result<Vec<String>> {
+    let conn = broker::connect(&amqp_url(), "e2e-metrics").await?;
+    let channel = broker::bounded(conn.create_channel()).await?;
+    let mut expected = Vec::new();
+    for (svc, consumer) in [
+        ("inventory", "inventory.stock"),
+        ("payments", "payments.charges"),
+        ("orders", "orders.saga"),
+        ("projection", "projection.views"),
+    ] {
+        let dlq = broker::dead_letter_queue(&format!("{PREFIX}{consumer}"));
+        let depth = broker::bounded(broker::queue_depth(&channel, &dlq)).await?;
+        let series = format!("consumer_dlq_depth{{consumer=\"{consumer}\"}}");
+        expected.push((format!("{svc}-consumer"), series, f64::from(depth)));
+    }
+    let _ = conn.close(200, "depths read".into()).await;
+    for (svc, pool) in [
+        ("orders", &run.dbs.orders),
+        ("inventory", &run.dbs.inventory),
+        ("payments", &run.dbs.payments),
+    ] {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
+            .fetch_one(pool)
+            .await?;
+        let series = format!("outbox_dlq_depth{{source=\"{svc}\"}}");
+        expected.push((format!("{svc}-relay"), series, rows as f64));
+    }
+    let mut violations = Vec::new();
+    for (process, series, want) in expected {
+        let Some(port) = run.cluster.metrics_port(&process) else {
+            violations.push(format!("metrics: {process} serves no /metrics"));
+            continue;
+        };
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        let mut seen = None;
+        for _ in 0..50 {
+            seen = scrape(&run.client.http, &url, &series).await;
+            if seen == Some(want) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if seen != Some(want) {
+            violations.push(format!(
+                "metrics: {process} :{port} exports {series} = {seen:?}, the DLQ holds {want}"
+            ));
+        }
+    }
+    Ok(violations)
+}
+
+/// The value of one series (`name{labels}`) in a Prometheus text page.
+async fn scrape(http: &reqwest::Client, url: &str, series: &str) -> Option<f64> {
+    let page = http.get(url).send().await.ok()?.text().await.ok()?;
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 async fn publish(messages: &[Outgoing]) -> anyhow::Result<()> {

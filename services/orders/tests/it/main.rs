@@ -3,6 +3,7 @@
 
 mod api;
 mod appliers;
+mod ops;
 mod saga;
 
 use orders::{Settings, build};

@@ -1,0 +1,130 @@
+//! Every process role is observable: a relay-only or consumer-only process
+//! serves `/healthz`, `/readyz` and `/metrics` on a port of its own, and
+//! `/readyz` says why a part is not doing its job.
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use orders::{Settings, build};
+use reliability::broker;
+use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::testing::{TestDb, amqp_url, delete_broker_objects, unique, wait_until};
+use serde_json::Value;
+use std::time::Duration;
+
+async fn get(port: u16, path: &str) -> (u16, String) {
+    let resp = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+fn settings(role: Role, common: CommonSettings) -> Settings {
+    Settings {
+        role,
+        port: 0,
+        database_url: String::new(),
+        common,
+    }
+}
+
+fn common() -> CommonSettings {
+    let mut common = CommonSettings::local();
+    common.exchange = unique("reltest.ops.");
+    common.queue_prefix = unique("reltest.ops.");
+    common
+}
+
+fn queues(common: &CommonSettings) -> Vec<String> {
+    contracts::topology::ALL
+        .iter()
+        .map(|s| common.queue_spec(s).queue)
+        .collect()
+}
+
+#[tokio::test]
+async fn relay_and_consumer_processes_serve_health_readiness_and_their_metrics() {
+    let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
+    let common = common();
+    let stop = ShutdownToken::new();
+    let mut ports = Vec::new();
+    for role in [Role::Relay, Role::Consume] {
+        let app = build(settings(role, common.clone()), db.databases(), stop.clone())
+            .await
+            .unwrap();
+        ports.push(app.ops_port());
+        tokio::spawn(app.run_until_stopped());
+    }
+    for (port, part, metric) in [
+        (ports[0], "relay", "outbox_lag_seconds"),
+        (ports[1], "consumer orders.saga", "consumer_dlq_depth"),
+    ] {
+        assert_eq!(get(port, "/healthz").await.0, 200);
+        wait_until(
+            Duration::from_secs(20),
+            &format!("{part} ready"),
+            || async {
+                let (status, body) = get(port, "/readyz").await;
+                let body: Value = serde_json::from_str(&body).unwrap();
+                status == 200 && body["parts"][part] == "ok"
+            },
+        )
+        .await;
+        wait_until(
+            Duration::from_secs(20),
+            &format!("{metric} exported"),
+            || async { get(port, "/metrics").await.1.contains(metric) },
+        )
+        .await;
+    }
+    stop.cancel();
+    delete_broker_objects(&queues(&common), &common.exchange).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
+    let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
+    let common = common();
+    // A classic queue squats on the name of the saga's quorum queue.
+    let squatter = common.queue_spec(&contracts::topology::ORDERS_SAGA).queue;
+    let conn = broker::connect(&amqp_url(), "ops-test").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            squatter.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let stop = ShutdownToken::new();
+    let app = build(
+        settings(Role::Relay, common.clone()),
+        db.databases(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let port = app.ops_port();
+    tokio::spawn(app.run_until_stopped());
+    wait_until(
+        Duration::from_secs(20),
+        "the relay reports why it waits",
+        || async {
+            let (status, body) = get(port, "/readyz").await;
+            let body: Value = serde_json::from_str(&body).unwrap();
+            status == 503
+                && body["parts"]["relay"]
+                    .as_str()
+                    .is_some_and(|why| why.contains("topology"))
+        },
+    )
+    .await;
+    stop.cancel();
+    let _ = conn.close(200, "done".into()).await;
+    delete_broker_objects(&queues(&common), &common.exchange).await;
+    db.cleanup().await;
+}
