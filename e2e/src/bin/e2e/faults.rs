@@ -224,6 +224,63 @@ pub async fn broker_restart(run: &mut Run, tenant: i64) -> Outcome {
     ))
 }
 
+/// The replica scenario runs some 25 processes, each with its pools: more
+/// connections than PostgreSQL's default 100. Raises `max_connections` on
+/// the local cluster (ALTER SYSTEM, then a restart), as e2e already
+/// restarts it; elsewhere it says what to set.
+pub async fn ensure_max_connections(wanted: i64) -> anyhow::Result<()> {
+    let admin = db::pool(PgConnectOptions::from_str(&database_url())?, 1).await?;
+    let now: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&admin)
+        .await?;
+    if now.parse::<i64>().unwrap_or(0) >= wanted {
+        return Ok(());
+    }
+    let version = std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
+        println!(
+            "PostgreSQL max_connections is {now}; the replica scenario wants {wanted} (set it and restart)"
+        );
+        return Ok(());
+    };
+    println!(
+        "raising PostgreSQL max_connections from {now} to {wanted} (ALTER SYSTEM; restarting the local cluster)"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER SYSTEM SET max_connections = {wanted}"
+    )))
+    .execute(&admin)
+    .await?;
+    admin.close().await;
+    let out = run_cmd(
+        "pg_ctlcluster",
+        &["--skip-systemctl-redirect", &version, "main", "restart"],
+    )
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "pg_ctlcluster restart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(Duration::from_secs(60), "PostgreSQL back", || async {
+        match db::pool(
+            PgConnectOptions::from_str(&database_url()).expect("valid URL"),
+            1,
+        )
+        .await
+        {
+            Ok(p) => sqlx::query("SELECT 1").execute(&p).await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    Ok(())
+}
+
 /// `pg_ctlcluster … restart -m immediate`: the cluster dies as on a power cut.
 pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
     let version = std::fs::read_dir("/etc/postgresql")

@@ -43,6 +43,7 @@ struct Row {
 
 mod faults;
 mod hostile;
+mod scale;
 
 type Outcome = anyhow::Result<(String, Vec<String>)>;
 type Scenario = (
@@ -151,6 +152,20 @@ fn scenarios() -> Vec<Scenario> {
         ("hostile input: tokens, bodies, sizes, ranges", |r, t| {
             Box::pin(hostile::bad_input(r, t))
         }),
+        (
+            "replicas: every role x2-3, one of each killed -9 under load",
+            |r, t| Box::pin(scale::replicas(r, t)),
+        ),
+        ("provider at 300 ms under steady load", |r, t| {
+            Box::pin(scale::slow_provider(r, t))
+        }),
+        ("one tenant bursts 10x beside two others", |r, t| {
+            Box::pin(scale::burst(r, t))
+        }),
+        (
+            "subscriber queues deleted while their consumers are down",
+            |r, t| Box::pin(scale::deleted_queues(r, t)),
+        ),
     ]
 }
 
@@ -285,13 +300,28 @@ fn bin(name: &str) -> PathBuf {
 async fn setup() -> anyhow::Result<Run> {
     // Backoff in steps of 200 ms (not 30 s): an unroutable event reaches
     // the DLQ table after 10 attempts in about 10 s.
-    let (mut cluster, dbs) = cluster::launch(&LAYOUT, &[("RELAY_BACKOFF_MS", "200")]).await?;
+    faults::ensure_max_connections(300).await?;
+    // Provider calls: 6 in flight, 3 per tenant, so that a tenant's burst
+    // against a slow provider meets the share at a load these 2 cores carry
+    // in debug builds.
+    let (mut cluster, dbs) = cluster::launch(
+        &LAYOUT,
+        &[
+            ("RELAY_BACKOFF_MS", "200"),
+            ("PSP_MAX_IN_FLIGHT", "6"),
+            ("PSP_TENANT_IN_FLIGHT", "3"),
+        ],
+    )
+    .await?;
     let base: Vec<String> = cluster.procs.keys().cloned().collect();
     // Extra relays, started by the scenario that runs several at once.
     for extra in ["orders-relay-2", "orders-relay-3"] {
         cluster.add(extra, bin("orders"), &["relay"], None);
     }
     cluster.add("inventory-relay-2", bin("inventory"), &["relay"], None);
+    for (name, service, role) in scale::REPLICAS {
+        cluster.add(name, bin(service), &[role], None);
+    }
     Ok(Run {
         cluster,
         dbs,
