@@ -238,6 +238,16 @@ pub enum PublishFailure {
     Broker(String),
 }
 
+impl PublishFailure {
+    /// The broker refused this message (returned it, or nacked it): retrying
+    /// it may never help, so it counts toward the DLQ. A timeout or a lost
+    /// connection says nothing about the message (a blocked or unreachable
+    /// broker): it costs no attempt (docs/adr/0013).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Unroutable(_) | Self::Nacked)
+    }
+}
+
 /// A channel in confirm mode publishing to one exchange.
 pub struct Publisher {
     channel: Channel,
@@ -290,15 +300,11 @@ impl Publisher {
     /// Publishes every message, then awaits all confirms together: one round
     /// trip per batch instead of one per message. The result for message `i`
     /// is at index `i`. The whole batch, publishes included, is bounded by
-    /// the confirm timeout: a dead connection must not hold the claim forever.
+    /// the confirm timeout (a dead or blocked connection must not hold the
+    /// claim forever), message by message: what the broker confirmed before
+    /// the deadline counts as published, the rest as [`PublishFailure::Timeout`].
     pub async fn publish_batch(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
-        match tokio::time::timeout(self.confirm_timeout, self.publish_all(messages)).await {
-            Ok(results) => results,
-            Err(_) => vec![Err(PublishFailure::Timeout(self.confirm_timeout)); messages.len()],
-        }
-    }
-
-    async fn publish_all(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
+        let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
             let props = BasicProperties::default()
@@ -307,20 +313,22 @@ impl Publisher {
                 .with_message_id(m.message_id.as_str().into())
                 .with_type(m.kind.as_str().into())
                 .with_headers(m.headers.clone());
-            let sent = self
-                .channel
-                .basic_publish(
-                    self.exchange.as_str().into(),
-                    m.routing_key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &m.body,
-                    props,
-                )
-                .await;
-            pending.push(sent);
+            let sent = self.channel.basic_publish(
+                self.exchange.as_str().into(),
+                m.routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &m.body,
+                props,
+            );
+            // A broker that blocks publishers (memory or disk alarm) stops
+            // reading: what is not sent by the deadline is not published.
+            match tokio::time::timeout_at(deadline, sent).await {
+                Ok(sent) => pending.push(Some(sent)),
+                Err(_) => pending.push(None),
+            }
         }
         if self
             .fail_points
@@ -336,11 +344,16 @@ impl Publisher {
         // to the confirm of the message it returns (and a multiple ack
         // resolves confirms in no fixed order), so a return is matched to
         // its message by `message_id`, set on every message we publish.
+        let timeout = self.confirm_timeout;
         let confirms = join_all(pending.into_iter().map(|sent| async move {
+            let Some(sent) = sent else {
+                return Err(PublishFailure::Timeout(timeout));
+            };
             let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
-            confirm
-                .await
-                .map_err(|e| PublishFailure::Broker(e.to_string()))
+            match tokio::time::timeout_at(deadline, confirm).await {
+                Ok(confirmed) => confirmed.map_err(|e| PublishFailure::Broker(e.to_string())),
+                Err(_) => Err(PublishFailure::Timeout(timeout)),
+            }
         }))
         .await;
         let returned: HashSet<String> = confirms

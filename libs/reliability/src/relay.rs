@@ -80,8 +80,12 @@ impl RelayConfig {
 pub struct BatchReport {
     pub claimed: usize,
     pub published: usize,
+    /// Refused by the broker (returned or nacked): an attempt each.
     pub failed: usize,
     pub dead_lettered: usize,
+    /// Not confirmed in time, or the connection went: left pending with no
+    /// attempt counted (the broker blocked or went away, docs/adr/0013).
+    pub unconfirmed: usize,
 }
 
 impl BatchReport {
@@ -90,6 +94,7 @@ impl BatchReport {
         self.published += other.published;
         self.failed += other.failed;
         self.dead_lettered += other.dead_lettered;
+        self.unconfirmed += other.unconfirmed;
     }
 }
 
@@ -193,9 +198,15 @@ impl Relay {
 
         let mut done = Vec::new();
         let (mut failed_ids, mut failed_errors) = (Vec::new(), Vec::new());
+        let mut unconfirmed = 0;
         for (row, result) in rows.iter().zip(results) {
             match result {
                 Ok(()) => done.push(row.id),
+                Err(e) if !e.is_refusal() => {
+                    // Says nothing about the row: it stays as it was, due.
+                    unconfirmed += 1;
+                    tracing::debug!(outbox_id = row.id, error = %e, "not confirmed; left pending");
+                }
                 Err(e) => {
                     tracing::warn!(outbox_id = row.id, event_type = %row.event_type, error = %e, "publish failed");
                     metrics::counter!("outbox_failures", "source" => self.config.source.clone(), "event_type" => row.event_type.clone())
@@ -230,11 +241,16 @@ impl Relay {
                 "outbox rows moved to the DLQ table after too many attempts"
             );
         }
+        if unconfirmed > 0 {
+            metrics::counter!("outbox_unconfirmed_total", "source" => self.config.source.clone())
+                .increment(unconfirmed as u64);
+        }
         Ok(BatchReport {
             claimed: rows.len(),
             published: done.len(),
             failed: failed_ids.len(),
             dead_lettered,
+            unconfirmed,
         })
     }
 
@@ -244,7 +260,7 @@ impl Relay {
         loop {
             let report = self.relay_batch(publisher).await?;
             total.add(report);
-            if report.claimed == 0 || (report.published == 0 && report.failed == report.claimed) {
+            if report.claimed == 0 || report.published == 0 {
                 return Ok(total);
             }
         }
@@ -288,6 +304,11 @@ impl Relay {
             let report = self.relay_batch(&publisher).await?;
             if !publisher.is_usable() {
                 return Err(Error::Config("publisher channel closed".into()));
+            }
+            if report.unconfirmed > 0 {
+                // Blocked (a memory or disk alarm) or gone: back off and try a
+                // fresh connection; the rows wait, costing no attempt.
+                return Err(Error::BrokerTimeout(self.config.confirm_timeout));
             }
             if gauges_at.elapsed() >= Duration::from_secs(1) {
                 self.update_gauges().await?;

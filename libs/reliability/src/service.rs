@@ -114,6 +114,11 @@ pub struct CommonSettings {
     /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
     #[arg(long, env = "RELAY_BACKOFF_MS", default_value_t = 30_000)]
     pub relay_backoff_ms: u64,
+    /// How long the relay waits for the broker's confirms of a batch (and
+    /// so holds its claim), in ms. Unconfirmed rows stay pending and cost no
+    /// attempt.
+    #[arg(long, env = "RELAY_CONFIRM_TIMEOUT_MS", default_value_t = 10_000)]
+    pub relay_confirm_timeout_ms: u64,
     /// Failed publishes after which an outbox row moves to the DLQ table.
     #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10)]
     pub relay_max_attempts: i32,
@@ -149,6 +154,7 @@ impl CommonSettings {
             fail_points: String::new(),
             queue_prefix: String::new(),
             relay_backoff_ms: 30_000,
+            relay_confirm_timeout_ms: 10_000,
             relay_max_attempts: 10,
             consumer_lanes: 4,
             ops_port: None,
@@ -352,6 +358,7 @@ impl Tasks {
         config.topology = subscriptions.iter().map(|s| common.queue_spec(s)).collect();
         config.fail_points = common.fail_points()?;
         config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
+        config.confirm_timeout = Duration::from_millis(common.relay_confirm_timeout_ms);
         config.max_attempts = common.relay_max_attempts;
         let relay =
             Relay::new(dbs.relay.clone(), &common.amqp_url, config).with_health(self.health());

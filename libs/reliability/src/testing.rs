@@ -163,6 +163,7 @@ pub struct TcpProxy {
 struct ProxyState {
     up: bool,
     generation: CancellationToken,
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 impl TcpProxy {
@@ -172,6 +173,7 @@ impl TcpProxy {
         let state = Arc::new(Mutex::new(ProxyState {
             up: true,
             generation: CancellationToken::new(),
+            frozen: tokio::sync::watch::Sender::new(false),
         }));
         let stop = CancellationToken::new();
         let (st, stop2) = (state.clone(), stop.clone());
@@ -181,23 +183,26 @@ impl TcpProxy {
                     () = stop2.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((mut client, _)) = accepted else {
+                let Ok((client, _)) = accepted else {
                     continue;
                 };
-                let generation = {
+                let (generation, frozen) = {
                     let s = st.lock().expect("proxy state");
                     if !s.up {
                         continue; // dropping `client` refuses it
                     }
-                    s.generation.clone()
+                    (s.generation.clone(), s.frozen.subscribe())
                 };
                 tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(target).await else {
+                    let Ok(server) = TcpStream::connect(target).await else {
                         return;
                     };
+                    let (client_rx, client_tx) = client.into_split();
+                    let (server_rx, server_tx) = server.into_split();
                     tokio::select! {
                         () = generation.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        () = pump(client_rx, server_tx, frozen.clone()) => {}
+                        () = pump(server_rx, client_tx, frozen) => {}
                     }
                 });
             }
@@ -218,6 +223,25 @@ impl TcpProxy {
         self.state.lock().expect("proxy state").up = true;
     }
 
+    /// The broker stops answering but keeps every connection open, as one
+    /// that blocks publishers on a memory or disk alarm stops reading them.
+    pub fn freeze(&self) {
+        self.state
+            .lock()
+            .expect("proxy state")
+            .frozen
+            .send_replace(true);
+    }
+
+    /// Bytes flow again, those held back first.
+    pub fn thaw(&self) {
+        self.state
+            .lock()
+            .expect("proxy state")
+            .frozen
+            .send_replace(false);
+    }
+
     /// An AMQP URL that goes through this proxy.
     pub fn amqp_url(&self) -> String {
         let base = amqp_url();
@@ -226,6 +250,28 @@ impl TcpProxy {
             .unwrap_or(("amqp://guest:guest", base.trim_start_matches("amqp://")));
         let vhost = rest.split_once('/').map_or("%2f", |(_, v)| v);
         format!("{scheme_auth}@{}/{vhost}", self.addr)
+    }
+}
+
+/// Copies `from` to `to`, holding bytes back while `frozen`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 

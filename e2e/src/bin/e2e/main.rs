@@ -41,6 +41,7 @@ struct Row {
     secs: f64,
 }
 
+mod alarm;
 mod faults;
 mod hostile;
 mod scale;
@@ -118,6 +119,10 @@ fn scenarios() -> Vec<Scenario> {
         ("broker restart with 1000 orders in flight", |r, t| {
             Box::pin(faults::broker_restart(r, t))
         }),
+        (
+            "broker memory alarm blocks publishers under load",
+            |r, t| Box::pin(alarm::memory_alarm(r, t)),
+        ),
         ("PostgreSQL restart -m immediate under load", |r, t| {
             Box::pin(faults::postgres_restart(r, t))
         }),
@@ -308,6 +313,7 @@ async fn setup() -> anyhow::Result<Run> {
         &LAYOUT,
         &[
             ("RELAY_BACKOFF_MS", "200"),
+            ("RELAY_CONFIRM_TIMEOUT_MS", "2000"),
             ("PSP_MAX_IN_FLIGHT", "6"),
             ("PSP_TENANT_IN_FLIGHT", "3"),
         ],

@@ -470,3 +470,71 @@ async fn in_a_batch_of_routed_and_unroutable_rows_only_the_unroutable_back_off()
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// A broker that blocks publishers (a memory or disk alarm) keeps the
+/// connection and stops answering. Confirm timeouts must cost no attempts,
+/// or a long alarm would move the whole backlog into the DLQ table.
+#[tokio::test]
+async fn a_blocked_broker_costs_no_attempts_and_the_backlog_drains_after() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let proxy = TcpProxy::start(broker_addr()).await;
+    let mut cfg = config(&broker);
+    cfg.backoff_step = Duration::ZERO;
+    cfg.max_attempts = 2;
+    cfg.confirm_timeout = Duration::from_millis(300);
+    let relay = Relay::new(db.relay.clone(), &proxy.amqp_url(), cfg);
+    let publisher = relay.publisher().await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        ids.push(enqueue_added(&db, 1, &format!("agg-{i}"), 1).await);
+    }
+    proxy.freeze();
+    // Many more confirm timeouts than max_attempts allows failures.
+    for round in 0..5 {
+        let report = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!(
+            (
+                report.claimed,
+                report.published,
+                report.failed,
+                report.unconfirmed
+            ),
+            (30, 0, 0, 30),
+            "round {round}"
+        );
+    }
+    let (pending, attempts, dlq): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL),
+                (SELECT coalesce(sum(attempts), 0)::bigint FROM outbox_messages),
+                (SELECT count(*) FROM outbox_messages_dlq)",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(
+        (pending, attempts, dlq),
+        (30, 0, 0),
+        "nothing counted, nothing parked"
+    );
+
+    proxy.thaw();
+    let fresh = relay.publisher().await.unwrap();
+    relay.drain(&fresh).await.unwrap();
+    wait_until(DEADLINE, "every event routed", || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+                .fetch_one(&db.owner)
+                .await
+                .unwrap();
+        n == 0
+    })
+    .await;
+    let mut got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got, ids, "every event published once the broker answered");
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
