@@ -2,6 +2,12 @@
 //! schedule, all in bounded batches so no job holds long locks or bloats
 //! WAL in one go. Runs as the owner role (it spans every tenant, and
 //! partitions need DDL).
+//!
+//! Each step runs whatever the others did: one that fails (a partition
+//! created by another process at the same moment, a lock) is logged and
+//! counted on its own (`maintenance_errors_total{step}`), and
+//! `maintenance_last_success_timestamp_seconds{step}` tells an operator
+//! which step has not succeeded lately (docs/adr/0014).
 
 use std::time::Duration;
 
@@ -47,27 +53,102 @@ pub struct MaintenanceReport {
     pub partitions_created: Vec<String>,
     pub partitions_dropped: Vec<String>,
     pub archived: u64,
+    /// Archive rows older than the retention deleted from the default
+    /// partition (which no partition drop ever removes).
+    pub default_partition_pruned: u64,
     pub expired_keys_deleted: u64,
     pub processed_records_deleted: u64,
+    /// The steps that failed, each with its error; the others ran.
+    pub errors: Vec<(String, String)>,
 }
 
-/// Runs every job once.
+/// Runs every job once; a step's failure is recorded in the report and
+/// does not keep the next steps from running.
 pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<MaintenanceReport> {
-    let partitions_created = ensure_archive_partitions(owner, config.months_ahead).await?;
-    let archived = archive_processed(owner, config.archive_after, config.batch_size).await?;
-    let partitions_dropped = drop_old_archive_partitions(owner, config.drop_archive_after).await?;
-    let expired_keys_deleted = delete_expired_idempotency_keys(owner, config.batch_size).await?;
-    let processed_records_deleted =
-        forget_processed_messages(owner, config.forget_processed_after, config.batch_size).await?;
-    let report = MaintenanceReport {
-        partitions_created,
-        partitions_dropped,
-        archived,
-        expired_keys_deleted,
-        processed_records_deleted,
-    };
-    tracing::info!(?report, "maintenance done");
+    let mut report = MaintenanceReport::default();
+    let mut errors = Vec::new();
+    if let Some(created) = step(
+        &mut errors,
+        "partitions",
+        ensure_archive_partitions(owner, config.months_ahead),
+    )
+    .await
+    {
+        report.partitions_created = created;
+    }
+    if let Some(n) = step(
+        &mut errors,
+        "archive",
+        archive_processed(owner, config.archive_after, config.batch_size),
+    )
+    .await
+    {
+        report.archived = n;
+    }
+    if let Some(dropped) = step(
+        &mut errors,
+        "drop_partitions",
+        drop_old_archive_partitions(owner, config.drop_archive_after),
+    )
+    .await
+    {
+        report.partitions_dropped = dropped;
+    }
+    if let Some(n) = step(
+        &mut errors,
+        "prune_default",
+        prune_default_partition(owner, config.drop_archive_after, config.batch_size),
+    )
+    .await
+    {
+        report.default_partition_pruned = n;
+    }
+    if let Some(n) = step(
+        &mut errors,
+        "idempotency_keys",
+        delete_expired_idempotency_keys(owner, config.batch_size),
+    )
+    .await
+    {
+        report.expired_keys_deleted = n;
+    }
+    if let Some(n) = step(
+        &mut errors,
+        "processed_messages",
+        forget_processed_messages(owner, config.forget_processed_after, config.batch_size),
+    )
+    .await
+    {
+        report.processed_records_deleted = n;
+    }
+    report.errors = errors;
+    if report.errors.is_empty() {
+        tracing::info!(?report, "maintenance done");
+    } else {
+        tracing::warn!(?report, "maintenance done; some steps failed");
+    }
     Ok(report)
+}
+
+/// Runs one step: its outcome in the metrics, its error in `errors`.
+async fn step<T>(
+    errors: &mut Vec<(String, String)>,
+    name: &'static str,
+    job: impl Future<Output = Result<T>>,
+) -> Option<T> {
+    match job.await {
+        Ok(t) => {
+            let now = Utc::now().timestamp() as f64;
+            metrics::gauge!("maintenance_last_success_timestamp_seconds", "step" => name).set(now);
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!(step = name, error = %e, "maintenance step failed; the others still run");
+            metrics::counter!("maintenance_errors_total", "step" => name).increment(1);
+            errors.push((name.to_owned(), e.to_string()));
+            None
+        }
+    }
 }
 
 /// Runs every job each `config.interval` until `shutdown`.
@@ -102,36 +183,87 @@ fn partition_name(month: NaiveDate) -> String {
 }
 
 /// Creates the archive partitions of the current month and `months_ahead`
-/// after it; returns those it created.
+/// after it; returns those it created. Months are UTC months, whatever the
+/// server's time zone. Rows of the month already in the default partition
+/// move into the new one in the same transaction; each new partition gets
+/// the parent's row-level security and grants.
 pub async fn ensure_archive_partitions(owner: &PgPool, months_ahead: u32) -> Result<Vec<String>> {
     let mut created = Vec::new();
     let mut month = month_start(Utc::now().date_naive());
     for _ in 0..=months_ahead {
         let name = partition_name(month);
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&name)
-            .fetch_one(owner)
-            .await?;
-        if !exists {
-            // Name and bounds are computed from dates: nothing to inject.
-            let sql = format!(
-                "CREATE TABLE IF NOT EXISTS {name} PARTITION OF outbox_messages_archive FOR VALUES FROM ('{}') TO ('{}')",
-                month,
-                next_month(month)
-            );
-            match sqlx::query(sqlx::AssertSqlSafe(sql)).execute(owner).await {
-                Ok(_) => created.push(name),
-                // A row of that month already sits in the default partition;
-                // leave it there rather than fail every other job.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23514") => {
-                    tracing::warn!(partition = %name, "archive rows of this month are in the default partition");
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let attached: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                            WHERE i.inhparent = 'outbox_messages_archive'::regclass AND c.relname = $1)",
+        )
+        .bind(&name)
+        .fetch_one(owner)
+        .await?;
+        if !attached {
+            create_partition(owner, &name, month).await?;
+            created.push(name);
         }
         month = next_month(month);
     }
     Ok(created)
+}
+
+async fn create_partition(owner: &PgPool, name: &str, month: NaiveDate) -> Result<()> {
+    // Name and bounds are computed from dates: nothing to inject. Bounds
+    // carry their offset, so the session's time zone cannot shift them.
+    let (from, to) = (
+        format!("{month} 00:00:00+00"),
+        format!("{} 00:00:00+00", next_month(month)),
+    );
+    let mut tx = owner.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {name} (LIKE outbox_messages_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    let moved = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH moved AS (
+             DELETE FROM outbox_messages_archive_default
+             WHERE occurred_at >= $1::timestamptz AND occurred_at < $2::timestamptz RETURNING *)
+         INSERT INTO {name} SELECT * FROM moved"
+    )))
+    .bind(&from)
+    .bind(&to)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE outbox_messages_archive ATTACH PARTITION {name} FOR VALUES FROM ('{from}') TO ('{to}')"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("SELECT secure_archive_partition($1::regclass)")
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    if moved > 0 {
+        tracing::info!(partition = %name, moved, "archive rows moved out of the default partition");
+    }
+    Ok(())
+}
+
+/// Deletes default-partition rows older than `older_than` (what a dropped
+/// monthly partition would have taken with it), `batch` per statement.
+pub async fn prune_default_partition(
+    owner: &PgPool,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64> {
+    delete_in_batches(
+        owner,
+        "DELETE FROM outbox_messages_archive_default WHERE ctid IN (
+             SELECT ctid FROM outbox_messages_archive_default
+             WHERE occurred_at < now() - make_interval(secs => $2) LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        Some(older_than.as_secs_f64()),
+        batch,
+    )
+    .await
 }
 
 /// Drops monthly archive partitions whose whole month ended more than

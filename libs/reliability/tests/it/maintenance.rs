@@ -181,3 +181,144 @@ async fn an_operator_can_show_and_purge_outbox_dlq_rows() {
     );
     db.cleanup().await;
 }
+
+fn archive_row(occurred: &str) -> String {
+    format!(
+        "INSERT INTO outbox_messages_archive (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                                              payload, headers, occurred_at, available_at, processed_at, attempts)
+         VALUES ((random() * 1e9)::bigint, 1, 'a', 'x', 'E', 1, '{{}}', '{{}}', {occurred}, now(), now(), 0)"
+    )
+}
+
+#[tokio::test]
+async fn the_default_partition_is_pruned_and_a_months_rows_move_into_its_new_partition() {
+    let db = TestDb::new().await;
+    // No monthly partition yet: every row lands in the default partition.
+    for occurred in [
+        "now() - interval '200 days'",
+        "now() - interval '120 days'",
+        "now() - interval '10 days'",
+        "now()",
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(archive_row(occurred)))
+            .execute(&db.owner)
+            .await
+            .unwrap();
+    }
+    let report = maintenance::run_once(&db.owner, &maintenance::MaintenanceConfig::default())
+        .await
+        .unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(
+        report.default_partition_pruned, 2,
+        "older than 90 days: gone"
+    );
+    let this_month: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_messages_archive_default WHERE occurred_at >= date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(this_month, 0, "this month's rows moved into its partition");
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_archive")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(total, 2, "nothing younger than the retention lost");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn partitions_are_cut_at_utc_month_starts_and_secured_like_their_parent() {
+    let db = TestDb::new().await;
+    // A session in a far time zone must not shift the bounds.
+    let owner = reliability::db::pool(
+        reliability::db::options_for_role(
+            &<sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
+                &reliability::testing::database_url(),
+            )
+            .unwrap()
+            .database(&db.name),
+            reliability::db::OWNER_ROLE,
+        ),
+        1,
+    )
+    .await
+    .unwrap();
+    // One connection: the session setting stays with the pool.
+    sqlx::query("SET timezone = 'Pacific/Kiritimati'")
+        .execute(&owner)
+        .await
+        .unwrap();
+    let zone: String = sqlx::query_scalar("SHOW timezone")
+        .fetch_one(&owner)
+        .await
+        .unwrap();
+    assert_eq!(zone, "Pacific/Kiritimati");
+    let created = maintenance::ensure_archive_partitions(&owner, 1)
+        .await
+        .unwrap();
+    let bound: String = sqlx::query_scalar(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE relname = $1",
+    )
+    .bind(&created[0])
+    .fetch_one(&owner)
+    .await
+    .unwrap();
+    let month = Utc::now().date_naive().with_day(1).unwrap();
+    // Shown in the session's zone (UTC+14): midnight UTC is 14:00 there.
+    assert!(bound.contains(&format!("{month} 14:00:00+14")), "{bound}");
+
+    for name in created
+        .iter()
+        .chain(["outbox_messages_archive_default".to_owned()].iter())
+    {
+        let (enabled, forced, policies): (bool, bool, i64) = sqlx::query_as(
+            "SELECT relrowsecurity, relforcerowsecurity,
+                    (SELECT count(*) FROM pg_policy WHERE polrelid = c.oid AND polname = 'tenant_isolation')
+             FROM pg_class c WHERE relname = $1",
+        )
+        .bind(name)
+        .fetch_one(&owner)
+        .await
+        .unwrap();
+        assert_eq!((enabled, forced, policies), (true, true, 1), "{name}");
+    }
+    owner.close().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failing_step_does_not_keep_the_others_from_running() {
+    let db = TestDb::new().await;
+    // Another process created next month's table and has not attached it.
+    let next = Utc::now().date_naive().with_day(1).unwrap() + Months::new(1);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE outbox_messages_archive_y{:04}m{:02} (x int)",
+        next.year(),
+        next.month()
+    )))
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, response_status, expires_at)
+         VALUES (1, 's', 'gone', 'h', 201, now() - interval '1 hour')",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let report = maintenance::run_once(&db.owner, &maintenance::MaintenanceConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        report
+            .errors
+            .iter()
+            .map(|(step, _)| step.as_str())
+            .collect::<Vec<_>>(),
+        ["partitions"]
+    );
+    assert_eq!(report.expired_keys_deleted, 1, "a later step still ran");
+    db.cleanup().await;
+}
