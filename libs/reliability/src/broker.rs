@@ -5,6 +5,7 @@
 //! dead letters go, through `<exchange>.dlx`, to its own `<queue>.dlq`.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -15,6 +16,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
 };
 
 use crate::failpoint::{self, FailPoints};
@@ -254,6 +256,9 @@ pub struct Publisher {
     exchange: String,
     confirm_timeout: Duration,
     fail_points: FailPoints,
+    /// Message ids the broker returned, noted by whichever batch's confirm
+    /// carried the return (see [`Sent::settle`]).
+    returned: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Publisher {
@@ -270,6 +275,7 @@ impl Publisher {
             exchange: exchange.to_owned(),
             confirm_timeout,
             fail_points: FailPoints::none(),
+            returned: Arc::default(),
         })
     }
 
@@ -299,11 +305,18 @@ impl Publisher {
 
     /// Publishes every message, then awaits all confirms together: one round
     /// trip per batch instead of one per message. The result for message `i`
-    /// is at index `i`. The whole batch, publishes included, is bounded by
-    /// the confirm timeout (a dead or blocked connection must not hold the
-    /// claim forever), message by message: what the broker confirmed before
-    /// the deadline counts as published, the rest as [`PublishFailure::Timeout`].
+    /// is at index `i`. See [`Publisher::send`] and [`Sent::settle`].
     pub async fn publish_batch(&self, messages: &[Outgoing]) -> Vec<Result<(), PublishFailure>> {
+        self.send(messages).await.settle().await
+    }
+
+    /// Publishes every message and returns without waiting for the broker:
+    /// its confirms arrive while the caller does other work (claims the next
+    /// batch), and [`Sent::settle`] collects them. The batch, publishes
+    /// included, is bounded by the confirm timeout from now (a dead or
+    /// blocked connection must not hold a claim forever), message by
+    /// message.
+    pub async fn send(&self, messages: &[Outgoing]) -> Sent {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
@@ -326,54 +339,81 @@ impl Publisher {
             // A broker that blocks publishers (memory or disk alarm) stops
             // reading: what is not sent by the deadline is not published.
             match tokio::time::timeout_at(deadline, sent).await {
-                Ok(sent) => pending.push(Some(sent)),
-                Err(_) => pending.push(None),
+                Ok(Ok(confirm)) => pending.push(Ok(confirm)),
+                Ok(Err(e)) => pending.push(Err(PublishFailure::Broker(e.to_string()))),
+                Err(_) => pending.push(Err(PublishFailure::Timeout(self.confirm_timeout))),
             }
         }
-        if self
+        let fired = self
             .fail_points
             .check(failpoint::RELAY_BEFORE_CONFIRM)
-            .is_err()
-        {
+            .is_err();
+        Sent {
+            pending,
+            ids: messages.iter().map(|m| m.message_id.clone()).collect(),
+            routing_keys: messages.iter().map(|m| m.routing_key.clone()).collect(),
+            deadline,
+            timeout: self.confirm_timeout,
+            fired,
+            returned: self.returned.clone(),
+        }
+    }
+}
+
+/// A batch handed to the broker, its confirms on their way.
+pub struct Sent {
+    pending: Vec<Result<PublisherConfirm, PublishFailure>>,
+    ids: Vec<String>,
+    routing_keys: Vec<String>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    /// `relay.before_confirm` fired between the publishes and the confirms.
+    fired: bool,
+    returned: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Sent {
+    /// Awaits the batch's confirms (until its deadline): the result of
+    /// message `i` at index `i`.
+    ///
+    /// A `basic.return` is handed to whichever confirm resolves next, not to
+    /// the confirm of the message it returns (and a multiple ack resolves
+    /// confirms in no fixed order, across batches too), so every return is
+    /// noted by `message_id` (set on every message we publish) in a set the
+    /// publisher's batches share, and each batch looks its messages up
+    /// there. Batches must be settled in the order they were sent: then the
+    /// return of any message of this batch has been noted by the time its
+    /// confirms resolved (the broker sends a return before the ack).
+    pub async fn settle(self) -> Vec<Result<(), PublishFailure>> {
+        if self.fired {
             return vec![
                 Err(PublishFailure::Broker("fail point before confirm".into()));
-                messages.len()
+                self.ids.len()
             ];
         }
-        // A `basic.return` is handed to whichever confirm resolves next, not
-        // to the confirm of the message it returns (and a multiple ack
-        // resolves confirms in no fixed order), so a return is matched to
-        // its message by `message_id`, set on every message we publish.
-        let timeout = self.confirm_timeout;
-        let confirms = join_all(pending.into_iter().map(|sent| async move {
-            let Some(sent) = sent else {
-                return Err(PublishFailure::Timeout(timeout));
-            };
-            let confirm = sent.map_err(|e| PublishFailure::Broker(e.to_string()))?;
+        let (deadline, timeout) = (self.deadline, self.timeout);
+        let confirms = join_all(self.pending.into_iter().map(|sent| async move {
+            let confirm = sent?;
             match tokio::time::timeout_at(deadline, confirm).await {
                 Ok(confirmed) => confirmed.map_err(|e| PublishFailure::Broker(e.to_string())),
                 Err(_) => Err(PublishFailure::Timeout(timeout)),
             }
         }))
         .await;
-        let returned: HashSet<String> = confirms
-            .iter()
-            .filter_map(|c| match c {
-                Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))) => ret
-                    .delivery
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|id| id.as_str().to_owned()),
-                _ => None,
-            })
-            .collect();
+        let mut returned = self.returned.lock().expect("returned set poisoned");
+        for c in &confirms {
+            if let Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))) = c
+                && let Some(id) = ret.delivery.properties.message_id()
+            {
+                returned.insert(id.as_str().to_owned());
+            }
+        }
         confirms
             .into_iter()
-            .zip(messages)
-            .map(|(confirm, m)| {
-                if returned.contains(&m.message_id) {
-                    return Err(PublishFailure::Unroutable(m.routing_key.clone()));
+            .zip(self.ids.iter().zip(&self.routing_keys))
+            .map(|(confirm, (id, routing_key))| {
+                if returned.remove(id) {
+                    return Err(PublishFailure::Unroutable(routing_key.clone()));
                 }
                 match confirm? {
                     Confirmation::Ack(_) => Ok(()),

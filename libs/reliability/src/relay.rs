@@ -11,6 +11,7 @@
 //! Failures back off (`LEAST(attempts + 1, max_steps) * step`) and after
 //! `max_attempts` failures a row moves to `outbox_messages_dlq`.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -19,7 +20,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{self, Outgoing, Publisher, QueueSpec};
+use crate::broker::{self, Outgoing, Publisher, QueueSpec, Sent};
 use crate::failpoint::{self, FailPoints};
 use crate::health::Health;
 use crate::outbox::Envelope;
@@ -38,6 +39,10 @@ pub struct RelayConfig {
     pub exchange: String,
     /// Rows claimed and published per transaction.
     pub batch_size: i64,
+    /// Batches published and awaiting confirms at once (each holds its
+    /// claim's transaction): the next is claimed and sent while the
+    /// broker confirms the previous, so it never waits on us.
+    pub batches_in_flight: usize,
     /// Poll even without a notification (a NOTIFY can be missed while the
     /// listener reconnects).
     pub poll_interval: Duration,
@@ -64,6 +69,7 @@ impl RelayConfig {
             source: source.to_owned(),
             exchange: exchange.to_owned(),
             batch_size: 500,
+            batches_in_flight: 3,
             poll_interval: Duration::from_secs(1),
             backoff_step: Duration::from_secs(30),
             backoff_max_steps: 8,
@@ -104,6 +110,13 @@ pub struct Relay {
     amqp_url: String,
     config: RelayConfig,
     health: Health,
+}
+
+/// A claimed batch whose messages are with the broker, confirms pending.
+struct InFlight {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    rows: Vec<Claimed>,
+    sent: Sent,
 }
 
 #[derive(sqlx::FromRow)]
@@ -163,6 +176,15 @@ impl Relay {
         // these events (the others' queues still take them, so nothing is
         // returned): check first; the reconnect declares it again.
         publisher.require_queues(&self.config.topology).await?;
+        match self.claim_and_send(publisher).await? {
+            Some(batch) => self.settle(batch).await,
+            None => Ok(BatchReport::default()),
+        }
+    }
+
+    /// Claims a batch (its transaction stays open, holding the rows) and
+    /// publishes it without waiting for the confirms. None: nothing is due.
+    async fn claim_and_send(&self, publisher: &Publisher) -> Result<Option<InFlight>> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Claimed> = sqlx::query_as(
             "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
@@ -178,17 +200,25 @@ impl Relay {
         .await?;
         if rows.is_empty() {
             tx.commit().await?;
-            return Ok(BatchReport::default());
+            return Ok(None);
         }
         self.config
             .fail_points
             .check(failpoint::RELAY_BEFORE_PUBLISH)?;
-
         let outgoing: Vec<Outgoing> = rows
             .iter()
             .map(|r| self.outgoing(r))
             .collect::<Result<_>>()?;
-        let results = publisher.publish_batch(&outgoing).await;
+        let sent = publisher.send(&outgoing).await;
+        Ok(Some(InFlight { tx, rows, sent }))
+    }
+
+    /// Awaits a sent batch's confirms and records what they say: confirmed
+    /// rows processed, refused ones backed off (or moved to the DLQ table),
+    /// unconfirmed ones left as they were. Then commits, releasing the rows.
+    async fn settle(&self, batch: InFlight) -> Result<BatchReport> {
+        let InFlight { mut tx, rows, sent } = batch;
+        let results = sent.settle().await;
 
         // The broker has the messages; a crash from here to the commit means
         // they are published again (I1 says at least once; consumers dedup).
@@ -254,6 +284,63 @@ impl Relay {
         })
     }
 
+    /// Keeps the broker busy across batches: up to `batches_in_flight`
+    /// batches are claimed and published while the oldest one's confirms are
+    /// awaited, and each is marked as its confirms arrive, oldest first (so
+    /// a returned message is always matched to its row, see
+    /// [`crate::broker::Sent::settle`]). Returns when nothing more is due
+    /// and every batch is settled.
+    pub async fn relay_window(&self, publisher: &Publisher) -> Result<BatchReport> {
+        Ok(self.window_pass(publisher, usize::MAX).await?.0)
+    }
+
+    /// [`Relay::relay_window`], claiming at most `max_batches`; and whether
+    /// more may be due (it stopped at the limit, not for lack of rows).
+    async fn window_pass(
+        &self,
+        publisher: &Publisher,
+        max_batches: usize,
+    ) -> Result<(BatchReport, bool)> {
+        let mut total = BatchReport::default();
+        let mut window: VecDeque<InFlight> = VecDeque::new();
+        let (mut more, mut claimed) = (true, 0);
+        loop {
+            if claimed >= max_batches && more {
+                more = false;
+                if window.is_empty() {
+                    return Ok((total, true));
+                }
+            }
+            if more {
+                publisher.require_queues(&self.config.topology).await?;
+            }
+            while more
+                && window.len() < self.config.batches_in_flight.max(1)
+                && claimed < max_batches
+            {
+                match self.claim_and_send(publisher).await? {
+                    Some(batch) => {
+                        more = batch.rows.len() as i64 == self.config.batch_size;
+                        claimed += 1;
+                        window.push_back(batch);
+                    }
+                    None => more = false,
+                }
+            }
+            let Some(oldest) = window.pop_front() else {
+                let at_limit = claimed >= max_batches && total.unconfirmed == 0;
+                return Ok((total, at_limit));
+            };
+            let report = self.settle(oldest).await?;
+            total.add(report);
+            if report.unconfirmed > 0 {
+                // Blocked or gone: claim nothing more before what is in
+                // flight has settled.
+                more = false;
+            }
+        }
+    }
+
     /// Relays batches until none is due. For tests and one-shot tools.
     pub async fn drain(&self, publisher: &Publisher) -> Result<BatchReport> {
         let mut total = BatchReport::default();
@@ -301,7 +388,8 @@ impl Relay {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            let report = self.relay_batch(&publisher).await?;
+            // Bounded, so that gauges and shutdown get their turn under load.
+            let (report, more_due) = self.window_pass(&publisher, 64).await?;
             if !publisher.is_usable() {
                 return Err(Error::Config("publisher channel closed".into()));
             }
@@ -314,8 +402,8 @@ impl Relay {
                 self.update_gauges().await?;
                 gauges_at = Instant::now();
             }
-            if report.claimed as i64 == self.config.batch_size && report.published > 0 {
-                continue; // more is probably due
+            if more_due {
+                continue;
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),

@@ -285,7 +285,7 @@ impl Databases {
         };
         Ok(Self {
             app: pool(role(&common.app_database_url, db::APP_ROLE)?, 16),
-            relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 4),
+            relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 6),
             owner: pool(role(&common.owner_database_url, db::OWNER_ROLE)?, 2),
         })
     }

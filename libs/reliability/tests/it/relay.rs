@@ -538,3 +538,52 @@ async fn a_blocked_broker_costs_no_attempts_and_the_backlog_drains_after() {
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// With several batches in flight on one channel, a return can reach a
+/// confirm of another batch: each row's fate must still follow its own id.
+#[tokio::test]
+async fn a_window_of_batches_in_flight_matches_every_return_to_its_row() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.Routed"]).await;
+    let mut cfg = config(&broker);
+    cfg.batch_size = 20;
+    cfg.batches_in_flight = 3;
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), cfg);
+    let publisher = relay.publisher().await.unwrap();
+    let mut rng = crate::support::Rng::new(11);
+    let (mut routed, mut stray) = (Vec::new(), Vec::new());
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    for i in 0..400 {
+        let kind = if rng.below(3) == 0 { "Stray" } else { "Routed" };
+        let id = outbox::enqueue(
+            &mut tx,
+            &NewEvent::new("test", format!("w-{i}"), kind, &json!({"amount": 1})).unwrap(),
+        )
+        .await
+        .unwrap();
+        if kind == "Routed" {
+            routed.push(id)
+        } else {
+            stray.push(id)
+        }
+    }
+    tx.commit().await.unwrap();
+    let report = relay.relay_window(&publisher).await.unwrap();
+    assert_eq!(
+        (report.claimed, report.published, report.failed),
+        (400, routed.len(), stray.len())
+    );
+    let processed: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox_messages WHERE processed_at IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(processed, routed);
+    let mut got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    got.sort_unstable();
+    assert_eq!(got, routed);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
