@@ -341,13 +341,14 @@ impl Relay {
         }
     }
 
-    /// Relays batches until none is due. For tests and one-shot tools.
+    /// Relays until none is due, with the window of batches in flight. For
+    /// tests and one-shot tools.
     pub async fn drain(&self, publisher: &Publisher) -> Result<BatchReport> {
         let mut total = BatchReport::default();
         loop {
-            let report = self.relay_batch(publisher).await?;
+            let report = self.relay_window(publisher).await?;
             total.add(report);
-            if report.claimed == 0 || report.published == 0 {
+            if report.claimed == 0 || report.published == 0 || report.unconfirmed > 0 {
                 return Ok(total);
             }
         }
