@@ -176,16 +176,20 @@ impl Relay {
         // these events (the others' queues still take them, so nothing is
         // returned): check first; the reconnect declares it again.
         publisher.require_queues(&self.config.topology).await?;
-        match self.claim_and_send(publisher).await? {
+        let tx = self.pool.begin().await?;
+        match self.claim_and_send(tx, publisher).await? {
             Some(batch) => self.settle(batch).await,
             None => Ok(BatchReport::default()),
         }
     }
 
-    /// Claims a batch (its transaction stays open, holding the rows) and
+    /// Claims a batch in `tx` (which stays open, holding the rows) and
     /// publishes it without waiting for the confirms. None: nothing is due.
-    async fn claim_and_send(&self, publisher: &Publisher) -> Result<Option<InFlight>> {
-        let mut tx = self.pool.begin().await?;
+    async fn claim_and_send(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        publisher: &Publisher,
+    ) -> Result<Option<InFlight>> {
         let rows: Vec<Claimed> = sqlx::query_as(
             "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
                     payload, headers, occurred_at
@@ -318,7 +322,18 @@ impl Relay {
                 && window.len() < self.config.batches_in_flight.max(1)
                 && claimed < max_batches
             {
-                match self.claim_and_send(publisher).await? {
+                // With batches in flight, never wait for a connection: the
+                // pool may be full of our own (or other relays') claims,
+                // released only as their confirms settle. Settle first.
+                let tx = if window.is_empty() {
+                    self.pool.begin().await?
+                } else {
+                    match self.pool.try_begin().await? {
+                        Some(tx) => tx,
+                        None => break,
+                    }
+                };
+                match self.claim_and_send(tx, publisher).await? {
                     Some(batch) => {
                         more = batch.rows.len() as i64 == self.config.batch_size;
                         claimed += 1;

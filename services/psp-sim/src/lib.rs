@@ -326,18 +326,10 @@ async fn charge_by_key(
     State(sim): State<Simulator>,
     Path(key): Path<String>,
 ) -> Result<Json<Charge>, ApiError> {
-    sim.ledger()
-        .charges
-        .get(&key)
-        .cloned()
-        .map(Json)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no charge under that key",
-            )
-        })
+    found(
+        sim.ledger().charges.get(&key).cloned(),
+        "no charge under that key",
+    )
 }
 
 /// `GET /refunds/{key}`: the refund made under `key`, or 404.
@@ -345,18 +337,15 @@ async fn refund_by_key(
     State(sim): State<Simulator>,
     Path(key): Path<String>,
 ) -> Result<Json<Refund>, ApiError> {
-    sim.ledger()
-        .refunds
-        .get(&key)
-        .cloned()
-        .map(Json)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no refund under that key",
-            )
-        })
+    found(
+        sim.ledger().refunds.get(&key).cloned(),
+        "no refund under that key",
+    )
+}
+
+fn found<T>(item: Option<T>, missing: &str) -> Result<Json<T>, ApiError> {
+    item.map(Json)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", missing))
 }
 
 #[derive(Debug, Serialize)]

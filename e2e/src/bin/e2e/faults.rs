@@ -236,11 +236,7 @@ pub async fn ensure_max_connections(wanted: i64) -> anyhow::Result<()> {
     if now.parse::<i64>().unwrap_or(0) >= wanted {
         return Ok(());
     }
-    let version = std::fs::read_dir("/etc/postgresql")
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned());
+    let version = local_cluster_version();
     let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
         println!(
             "PostgreSQL max_connections is {now}; the replica scenario wants {wanted} (set it and restart)"
@@ -283,11 +279,7 @@ pub async fn ensure_max_connections(wanted: i64) -> anyhow::Result<()> {
 
 /// `pg_ctlcluster … restart -m immediate`: the cluster dies as on a power cut.
 pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
-    let version = std::fs::read_dir("/etc/postgresql")
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned());
+    let version = local_cluster_version();
     let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
         return Ok(("skipped: no local pg_ctlcluster".into(), vec![]));
     };
@@ -323,6 +315,15 @@ pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
         "PostgreSQL restart -m immediate at order 30 of 200; clients retry".into(),
         vec![],
     ))
+}
+
+/// The Debian PostgreSQL cluster version of this machine (`/etc/postgresql/<v>`).
+fn local_cluster_version() -> Option<String> {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
 }
 
 fn which(program: &str) -> bool {

@@ -587,3 +587,60 @@ async fn a_window_of_batches_in_flight_matches_every_return_to_its_row() {
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// Relays with batches in flight share one small pool: none may hold claims
+/// while it waits for another connection (each would wait on the others).
+#[tokio::test]
+async fn relays_with_batches_in_flight_never_wait_on_each_other_for_connections() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    for i in 0..2_000 {
+        outbox::enqueue(
+            &mut tx,
+            &NewEvent::new("test", format!("p-{i}"), "Added", &json!({"amount": 1})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let pool = reliability::db::pool(
+        reliability::db::options_for_role(
+            &<sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
+                &reliability::testing::database_url(),
+            )
+            .unwrap()
+            .database(&db.name),
+            reliability::db::RELAY_ROLE,
+        ),
+        3,
+    )
+    .await
+    .unwrap();
+    let mut cfg = config(&broker);
+    cfg.batch_size = 50;
+    cfg.batches_in_flight = 3;
+    let drains: Vec<_> = (0..4)
+        .map(|_| {
+            let relay = Relay::new(pool.clone(), &amqp_url(), cfg.clone());
+            tokio::spawn(async move {
+                let publisher = relay.publisher().await?;
+                relay.drain(&publisher).await
+            })
+        })
+        .collect();
+    let mut published = 0;
+    for d in drains {
+        published += tokio::time::timeout(DEADLINE, d)
+            .await
+            .expect("drained in time")
+            .unwrap()
+            .unwrap()
+            .published;
+    }
+    assert_eq!(published, 2_000);
+    pool.close().await;
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
