@@ -30,7 +30,17 @@ pub async fn rebuild(
     // record together, so the replay applies it again) or after it (and
     // the replay finds its dedup record). Never one without the other.
     let mut reset = dbs.owner.begin().await?;
-    sqlx::raw_sql("TRUNCATE order_views, order_view_events")
+    // Every table the live consumer writes, in the order it writes them
+    // (dedup and progress rows, then the view's events, then the view): taken
+    // all at once, before anything, the reset and a live transaction wait on
+    // each other one way only, never in a circle.
+    sqlx::raw_sql(
+        "LOCK TABLE processed_messages, consumer_offsets, order_view_events, order_views
+         IN ACCESS EXCLUSIVE MODE",
+    )
+    .execute(&mut *reset)
+    .await?;
+    sqlx::raw_sql("TRUNCATE order_view_events, order_views")
         .execute(&mut *reset)
         .await?;
     sqlx::query("DELETE FROM processed_messages WHERE consumer = $1")

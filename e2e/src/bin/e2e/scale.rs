@@ -334,8 +334,19 @@ pub async fn deleted_queues(run: &mut Run, tenant: i64) -> Outcome {
         .await
         .into_iter()
         .collect();
-        // Give the events time to be relayed while the consumer is away.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The events are relayed (into the recreated queue) while the
+        // consumer is still away.
+        let dbs = &run.dbs;
+        reliability::testing::wait_until(Duration::from_secs(30), "the orders' events relayed", || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND processed_at IS NULL",
+            )
+            .bind(tenant)
+            .fetch_one(&dbs.orders)
+            .await
+            .is_ok_and(|n| n == 0)
+        })
+        .await;
         run.cluster.start(&process, None)?;
         placed?;
         quiesce(run, tenant).await?;
