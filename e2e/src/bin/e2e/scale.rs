@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use lapin::options::QueueDeleteOptions;
 use reliability::broker;
-use reliability::testing::amqp_url;
+use reliability::testing::{amqp_url, wait_until};
 use serde_json::json;
 
-use crate::{Outcome, PREFIX, Run, charges, quiesce};
+use crate::{Outcome, PREFIX, Run, charges, orders_of, quiesce};
 
 /// Extra replicas the replica scenario starts beside the base stack.
 pub const REPLICAS: [(&str, &str, &str); 9] = [
@@ -135,13 +135,22 @@ pub async fn replicas(run: &mut Run, tenant: i64) -> Outcome {
     for svc in ["orders", "inventory", "payments"] {
         killed.push(format!("{svc}-relay"));
     }
-    let (client, cluster) = (&run.client, &mut run.cluster);
+    let (client, cluster, dbs) = (&run.client, &mut run.cluster, &run.dbs);
     let faults = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        let placed = |n: i64| async move {
+            wait_until(
+                Duration::from_secs(60),
+                &format!("{n} orders placed"),
+                || async { orders_of(dbs, tenant).await >= n },
+            )
+            .await;
+        };
+        placed(60).await;
         for name in &killed {
             cluster.kill9(name);
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Down while 40 more orders come in.
+        placed(100).await;
         for name in &killed {
             cluster.start(name, None)?;
         }
@@ -318,6 +327,20 @@ pub async fn deleted_queues(run: &mut Run, tenant: i64) -> Outcome {
     .into_iter()
     .enumerate()
     {
+        // Deleting a queue deletes what it holds: the operator of this story
+        // deletes it once everything delivered so far has been applied.
+        let charges = charges(run).await?;
+        let dbs = &run.dbs;
+        wait_until(
+            Duration::from_secs(60),
+            "every event so far applied",
+            || async {
+                dbs.check(tenant, &charges)
+                    .await
+                    .is_ok_and(|v| v.violations.is_empty())
+            },
+        )
+        .await;
         let process = format!("{svc}-consumer");
         run.cluster.kill9(&process);
         broker::bounded(channel.queue_delete(
@@ -337,7 +360,7 @@ pub async fn deleted_queues(run: &mut Run, tenant: i64) -> Outcome {
         // The events are relayed (into the recreated queue) while the
         // consumer is still away.
         let dbs = &run.dbs;
-        reliability::testing::wait_until(Duration::from_secs(30), "the orders' events relayed", || async {
+        wait_until(Duration::from_secs(30), "the orders' events relayed", || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND processed_at IS NULL",
             )
