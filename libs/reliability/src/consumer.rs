@@ -749,9 +749,8 @@ fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
 
 /// The W3C trace context the message carries, or a new root.
 fn trace_context(delivery: &Delivery) -> crate::trace::TraceContext {
-    broker::header_str(&delivery.properties, crate::trace::HEADER)
-        .and_then(|h| crate::trace::TraceContext::parse(&h))
-        .map_or_else(crate::trace::TraceContext::root, |parent| parent.child())
+    let header = broker::header_str(&delivery.properties, crate::trace::HEADER);
+    crate::trace::TraceContext::continue_from(header.as_deref())
 }
 
 /// The database is unreachable or shedding load: not the message's fault.

@@ -750,12 +750,11 @@ async fn record_metrics(req: Request, next: Next) -> Response {
 /// Continues the caller's `traceparent` or starts a trace; events written
 /// while handling the request carry it on.
 async fn trace_context(req: Request, next: Next) -> Response {
-    let ctx = req
+    let header = req
         .headers()
         .get(trace::HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceContext::parse)
-        .map_or_else(TraceContext::root, |parent| parent.child());
+        .and_then(|v| v.to_str().ok());
+    let ctx = TraceContext::continue_from(header);
     tracing::Span::current().record("trace_id", ctx.trace_id());
     trace::scope(ctx, next.run(req)).await
 }

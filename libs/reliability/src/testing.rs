@@ -105,6 +105,17 @@ impl TestDb {
         }
     }
 
+    /// A pool of its own for `role` with at most `max` connections: a test
+    /// that needs a small pool, or a session setting of its own.
+    pub async fn pool_as(&self, role: &str, max: u32) -> PgPool {
+        let base = PgConnectOptions::from_str(&database_url())
+            .expect("DATABASE_URL is a valid URL")
+            .database(&self.name);
+        db::pool(db::options_for_role(&base, role), max)
+            .await
+            .expect("connect as the role")
+    }
+
     /// A pool for `role` that connects through `via` (a [`TcpProxy`] in front
     /// of PostgreSQL), so a test can cut the database off.
     pub async fn pool_via(&self, role: &str, via: SocketAddr) -> PgPool {

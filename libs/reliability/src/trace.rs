@@ -70,6 +70,14 @@ impl TraceContext {
         }
     }
 
+    /// Continues the trace of a `traceparent` header (a new span in it), or
+    /// starts one when the header is missing or invalid.
+    pub fn continue_from(header: Option<&str>) -> Self {
+        header
+            .and_then(Self::parse)
+            .map_or_else(Self::root, |parent| parent.child())
+    }
+
     /// Parses `00-<32 hex>-<16 hex>-<2 hex>`; all-zero ids are invalid.
     pub fn parse(header: &str) -> Option<Self> {
         let mut parts = header.trim().split('-');

@@ -69,29 +69,33 @@ async fn paced(
 
 /// Seconds from placed to decided of each order (decided orders only).
 async fn decision_times(run: &Run, tenant: i64, ids: &[i64]) -> anyhow::Result<Vec<f64>> {
-    let mut secs: Vec<f64> = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM updated_at - created_at)::float8 FROM orders
-         WHERE tenant_id = $1 AND order_id = ANY($2) AND status <> 'pending'",
-    )
-    .bind(tenant)
-    .bind(ids)
-    .fetch_all(&run.dbs.orders)
-    .await?;
-    secs.sort_by(f64::total_cmp);
-    Ok(secs)
+    settle_times(&run.dbs.orders, "orders", tenant, ids).await
 }
 
 /// Seconds from recorded to settled of each of the tenant's payments for
 /// `orders`: the provider step alone.
 async fn payment_times(run: &Run, tenant: i64, orders: &[i64]) -> anyhow::Result<Vec<f64>> {
-    let mut secs: Vec<f64> = sqlx::query_scalar(
-        "SELECT EXTRACT(EPOCH FROM updated_at - created_at)::float8 FROM payments
-         WHERE tenant_id = $1 AND order_id = ANY($2) AND status <> 'pending'",
-    )
-    .bind(tenant)
-    .bind(orders)
-    .fetch_all(&run.dbs.payments)
-    .await?;
+    settle_times(&run.dbs.payments, "payments", tenant, orders).await
+}
+
+/// `updated_at - created_at` of the settled rows of `table` (orders or
+/// payments, both keyed by order), sorted.
+async fn settle_times(
+    pool: &sqlx::PgPool,
+    table: &'static str,
+    tenant: i64,
+    orders: &[i64],
+) -> anyhow::Result<Vec<f64>> {
+    // `table` is one of two literals above: nothing to inject.
+    let sql = format!(
+        "SELECT EXTRACT(EPOCH FROM updated_at - created_at)::float8 FROM {table}
+         WHERE tenant_id = $1 AND order_id = ANY($2) AND status <> 'pending'"
+    );
+    let mut secs: Vec<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(tenant)
+        .bind(orders)
+        .fetch_all(pool)
+        .await?;
     secs.sort_by(f64::total_cmp);
     Ok(secs)
 }

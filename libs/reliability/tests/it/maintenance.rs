@@ -232,19 +232,7 @@ async fn the_default_partition_is_pruned_and_a_months_rows_move_into_its_new_par
 async fn partitions_are_cut_at_utc_month_starts_and_secured_like_their_parent() {
     let db = TestDb::new().await;
     // A session in a far time zone must not shift the bounds.
-    let owner = reliability::db::pool(
-        reliability::db::options_for_role(
-            &<sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
-                &reliability::testing::database_url(),
-            )
-            .unwrap()
-            .database(&db.name),
-            reliability::db::OWNER_ROLE,
-        ),
-        1,
-    )
-    .await
-    .unwrap();
+    let owner = db.pool_as(reliability::db::OWNER_ROLE, 1).await;
     // One connection: the session setting stays with the pool.
     sqlx::query("SET timezone = 'Pacific/Kiritimati'")
         .execute(&owner)

@@ -605,19 +605,7 @@ async fn relays_with_batches_in_flight_never_wait_on_each_other_for_connections(
         .unwrap();
     }
     tx.commit().await.unwrap();
-    let pool = reliability::db::pool(
-        reliability::db::options_for_role(
-            &<sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
-                &reliability::testing::database_url(),
-            )
-            .unwrap()
-            .database(&db.name),
-            reliability::db::RELAY_ROLE,
-        ),
-        3,
-    )
-    .await
-    .unwrap();
+    let pool = db.pool_as(reliability::db::RELAY_ROLE, 3).await;
     let mut cfg = config(&broker);
     cfg.batch_size = 50;
     cfg.batches_in_flight = 3;

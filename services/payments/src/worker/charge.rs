@@ -43,11 +43,7 @@ impl Worker {
         .await?;
         tx.commit().await?;
         let Some(p) = leased else { return Ok(()) };
-        let ctx = p
-            .traceparent
-            .as_deref()
-            .and_then(TraceContext::parse)
-            .map_or_else(TraceContext::root, |t| t.child());
+        let ctx = TraceContext::continue_from(p.traceparent.as_deref());
         if p.expired {
             return trace::scope(ctx, self.expire(tenant, payment_id, p)).await;
         }

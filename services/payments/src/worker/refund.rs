@@ -36,11 +36,7 @@ impl Worker {
         .await?;
         tx.commit().await?;
         let Some(r) = leased else { return Ok(()) };
-        let ctx = r
-            .traceparent
-            .as_deref()
-            .and_then(TraceContext::parse)
-            .map_or_else(TraceContext::root, |t| t.child());
+        let ctx = TraceContext::continue_from(r.traceparent.as_deref());
         trace::scope(ctx, self.refund_leased(tenant, refund_id, r)).await
     }
 
