@@ -1,73 +1,381 @@
-//! Who is calling: `Authorization: Bearer <JWT>` (HS256) with an integer
-//! `tenant_id` claim and `exp`. The tenant comes from the verified token
-//! only; a client never names it in a header or a body.
+//! Who is calling: `Authorization: Bearer <JWT>` with an integer
+//! `tenant_id` claim. The tenant comes from the verified token only; a
+//! client never names it in a header or a body.
+//!
+//! Tokens are HS256 with the stack's secret, or RS256/ES256 signed by an
+//! identity provider whose keys come from a JWKS (a file or a URL, looked up
+//! by `kid`, fetched again when an unknown `kid` appears). Every token needs
+//! `exp`, no further away than [`AuthSettings::jwt_max_lifetime_secs`];
+//! `nbf` is honoured; `iss` and `aud` are required when configured. Each key
+//! verifies only its own algorithm, so a public key can never be used as an
+//! HMAC secret (algorithm confusion). docs/security.md lists the checks.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, RwLock};
 
-use crate::TenantId;
 use crate::http::ApiError;
+use crate::service::Secret;
+use crate::{Error, Result, TenantId};
+
+/// The secret a local stack uses when none is set. Anyone can mint tokens
+/// with it (the README prints it), so a server refuses it unless it listens
+/// on loopback only.
+pub const DEV_SECRET: &str = "dev-secret-change-me";
+/// Shortest HS256 secret accepted off loopback (RFC 7518 §3.2: at least
+/// the hash size).
+pub const MIN_SECRET_BYTES: usize = 32;
+/// An unknown `kid` fetches the key set again at most this often, so junk
+/// tokens cannot turn the service into a JWKS flooder.
+const JWKS_REFETCH_EVERY: Duration = Duration::from_secs(30);
+
+/// How tokens are checked, each from its environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuthSettings {
+    /// HS256 secret of bearer tokens, at least 32 bytes. Unset: the
+    /// development secret `dev-secret-change-me`, accepted only while the
+    /// server binds loopback (or no HS256 at all when `JWT_JWKS` is set).
+    #[arg(long, env = "JWT_SECRET")]
+    pub jwt_secret: Option<Secret>,
+    /// RS256/ES256 verification keys of an identity provider: a JWKS file
+    /// path or an `http(s)://` URL.
+    #[arg(long, env = "JWT_JWKS")]
+    pub jwt_jwks: Option<String>,
+    /// Required `iss` claim, when set.
+    #[arg(long, env = "JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` claim (one of the token's audiences), when set.
+    #[arg(long, env = "JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// Longest accepted remaining lifetime of a token (`exp` - now), in seconds.
+    #[arg(long, env = "JWT_MAX_LIFETIME_SECS", default_value_t = 86_400)]
+    pub jwt_max_lifetime_secs: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            jwt_secret: None,
+            jwt_jwks: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+            jwt_max_lifetime_secs: 86_400,
+        }
+    }
+}
+
+impl AuthSettings {
+    /// The HS256 secret in force: the configured one, else the development
+    /// one unless an identity provider's key set replaces it.
+    fn hs256_secret(&self) -> Option<&str> {
+        match (&self.jwt_secret, &self.jwt_jwks) {
+            (Some(s), _) => Some(s.expose()),
+            (None, Some(_)) => None,
+            (None, None) => Some(DEV_SECRET),
+        }
+    }
+
+    /// Refuses a secret anyone could guess on a server others can reach.
+    pub fn check(&self, bind_address: &str) -> Result<()> {
+        let Some(secret) = self.hs256_secret() else {
+            return Ok(());
+        };
+        let weak = if secret == DEV_SECRET {
+            Some("is the development default, which anyone can mint tokens with")
+        } else if secret.len() < MIN_SECRET_BYTES {
+            Some("is shorter than 32 bytes")
+        } else {
+            None
+        };
+        match weak {
+            Some(why) if !is_loopback(bind_address) => Err(Error::Config(format!(
+                "JWT_SECRET {why}, and the server binds {bind_address}, reachable from other hosts. \
+                 Set JWT_SECRET to at least {MIN_SECRET_BYTES} random bytes (e.g. `openssl rand -hex 32`), \
+                 or set JWT_JWKS to use an identity provider's keys, or bind loopback only (BIND_ADDRESS=127.0.0.1)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The HS256 keys and claim rules, without loading a key set (minting
+    /// in tests and tools; a service uses [`AuthSettings::load`]).
+    pub fn keys(&self) -> JwtKeys {
+        let mut keys = JwtKeys::from_secret(self.hs256_secret().unwrap_or(DEV_SECRET).as_bytes());
+        keys.hs256 = self.hs256_secret().is_some();
+        keys.policy = Arc::new(Policy {
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            max_lifetime: Duration::from_secs(self.jwt_max_lifetime_secs),
+        });
+        keys
+    }
+
+    /// Checks the secret, and loads the key set when one is configured.
+    pub async fn load(&self, bind_address: &str) -> Result<JwtKeys> {
+        self.check(bind_address)?;
+        let mut keys = self.keys();
+        if let Some(source) = &self.jwt_jwks {
+            let set = KeySet::new(source.clone());
+            let n = set.refresh().await?;
+            tracing::info!(jwks = %source, keys = n, "identity provider keys loaded");
+            keys.key_set = Some(Arc::new(set));
+        }
+        Ok(keys)
+    }
+}
+
+fn is_loopback(bind_address: &str) -> bool {
+    bind_address == "localhost"
+        || bind_address
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Claims {
     tenant_id: i64,
     exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aud: Option<String>,
 }
 
-/// Signing and verification keys from the stack's secret. Its `Debug` does
-/// not print the secret.
+#[derive(Debug)]
+struct Policy {
+    issuer: Option<String>,
+    audience: Option<String>,
+    max_lifetime: Duration,
+}
+
+/// Signing and verification keys and the claim rules. Its `Debug` prints
+/// no secret.
 #[derive(Clone)]
 pub struct JwtKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
-    validation: Validation,
+    /// Whether HS256 tokens are accepted at all.
+    hs256: bool,
+    key_set: Option<Arc<KeySet>>,
+    policy: Arc<Policy>,
 }
 
 impl fmt::Debug for JwtKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JwtKeys { .. }")
+        f.debug_struct("JwtKeys")
+            .field("hs256", &self.hs256)
+            .field("jwks", &self.key_set.as_ref().map(|s| &s.source))
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
     }
+}
+
+/// Why a token was refused (logged at debug; the client only hears 401).
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("{0}")]
+    Invalid(#[from] jsonwebtoken::errors::Error),
+    #[error("algorithm {0:?} is not accepted")]
+    Algorithm(Algorithm),
+    #[error("no key with kid {0:?}")]
+    UnknownKey(Option<String>),
+    #[error("expires further away than the maximum token lifetime")]
+    TooLong,
+    #[error("tenant_id is not a positive integer")]
+    Tenant,
 }
 
 impl JwtKeys {
     pub fn from_secret(secret: &[u8]) -> Self {
-        let mut validation = Validation::new(Algorithm::HS256);
-        // "Expired" means expired: the stack's clocks are one machine's.
-        validation.leeway = 0;
-        validation.set_required_spec_claims(&["exp"]);
         Self {
             encoding: EncodingKey::from_secret(secret),
             decoding: DecodingKey::from_secret(secret),
-            validation,
+            hs256: true,
+            key_set: None,
+            policy: Arc::new(Policy {
+                issuer: None,
+                audience: None,
+                max_lifetime: Duration::from_secs(86_400),
+            }),
         }
     }
 
-    /// A token for `tenant`, valid for `ttl`.
+    /// An HS256 token for `tenant`, valid for `ttl`, with the configured
+    /// issuer and audience.
     pub fn mint(&self, tenant: TenantId, ttl: Duration) -> String {
-        let exp = (SystemTime::now() + ttl)
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &Claims {
-                tenant_id: tenant.get(),
-                exp,
-            },
-            &self.encoding,
-        )
-        .expect("HS256 signing with an HMAC key cannot fail")
+        let now = now_secs();
+        let claims = Claims {
+            tenant_id: tenant.get(),
+            exp: now + ttl.as_secs(),
+            iat: Some(now),
+            iss: self.policy.issuer.clone(),
+            aud: self.policy.audience.clone(),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .expect("HS256 signing with an HMAC key cannot fail")
+    }
+
+    fn validation(&self, alg: Algorithm) -> Validation {
+        let mut v = Validation::new(alg);
+        // "Expired" means expired: clock skew is the identity provider's to
+        // absorb in the lifetimes it issues.
+        v.leeway = 0;
+        v.validate_nbf = true;
+        let mut required = vec!["exp"];
+        if let Some(iss) = &self.policy.issuer {
+            v.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        match &self.policy.audience {
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                required.push("aud");
+            }
+            None => v.validate_aud = false,
+        }
+        v.set_required_spec_claims(&required);
+        v
     }
 
     /// The tenant of a valid token.
-    pub fn verify(&self, token: &str) -> Option<TenantId> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation).ok()?;
-        TenantId::new(data.claims.tenant_id).ok()
+    pub async fn verify(&self, token: &str) -> Result<TenantId, TokenError> {
+        let header = jsonwebtoken::decode_header(token)?;
+        let data = match header.alg {
+            Algorithm::HS256 if self.hs256 => jsonwebtoken::decode::<Claims>(
+                token,
+                &self.decoding,
+                &self.validation(Algorithm::HS256),
+            )?,
+            Algorithm::RS256 | Algorithm::ES256 if self.key_set.is_some() => {
+                let set = self.key_set.as_ref().expect("checked above");
+                let key = set.find(header.kid.as_deref(), header.alg).await?;
+                jsonwebtoken::decode::<Claims>(token, &key, &self.validation(header.alg))?
+            }
+            other => return Err(TokenError::Algorithm(other)),
+        };
+        if data.claims.exp > now_secs() + self.policy.max_lifetime.as_secs() {
+            return Err(TokenError::TooLong);
+        }
+        TenantId::new(data.claims.tenant_id).map_err(|_| TokenError::Tenant)
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An identity provider's public keys by `kid`, each bound to the one
+/// algorithm it verifies.
+struct KeySet {
+    source: String,
+    keys: RwLock<HashMap<String, (Algorithm, DecodingKey)>>,
+    last_fetch: Mutex<Option<Instant>>,
+}
+
+impl KeySet {
+    fn new(source: String) -> Self {
+        Self {
+            source,
+            keys: RwLock::new(HashMap::new()),
+            last_fetch: Mutex::new(None),
+        }
+    }
+
+    async fn find(&self, kid: Option<&str>, alg: Algorithm) -> Result<DecodingKey, TokenError> {
+        let kid = kid.ok_or(TokenError::UnknownKey(None))?;
+        if let Some(key) = self.get(kid, alg).await {
+            return Ok(key);
+        }
+        // A rotated key: fetch again, unless that was done a moment ago.
+        {
+            let mut last = self.last_fetch.lock().await;
+            if last.is_none_or(|t| t.elapsed() >= JWKS_REFETCH_EVERY) {
+                *last = Some(Instant::now());
+                drop(last);
+                if let Err(e) = self.refresh().await {
+                    tracing::warn!(jwks = %self.source, error = %e, "could not fetch the key set again");
+                }
+            }
+        }
+        self.get(kid, alg)
+            .await
+            .ok_or_else(|| TokenError::UnknownKey(Some(kid.to_owned())))
+    }
+
+    async fn get(&self, kid: &str, alg: Algorithm) -> Option<DecodingKey> {
+        match self.keys.read().await.get(kid) {
+            Some((a, key)) if *a == alg => Some(key.clone()),
+            _ => None,
+        }
+    }
+
+    /// Loads the set; returns how many usable keys it has.
+    async fn refresh(&self) -> Result<usize> {
+        let text = if self.source.starts_with("http://") || self.source.starts_with("https://") {
+            let fetch = async {
+                reqwest::Client::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()?
+                    .get(&self.source)
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .text()
+                    .await
+            };
+            fetch
+                .await
+                .map_err(|e| Error::Config(format!("JWT_JWKS {}: {e}", self.source)))?
+        } else {
+            tokio::fs::read_to_string(&self.source)
+                .await
+                .map_err(|e| Error::Config(format!("JWT_JWKS {}: {e}", self.source)))?
+        };
+        let set: JwkSet = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("JWT_JWKS {}: not a JWK set: {e}", self.source)))?;
+        let mut keys = HashMap::new();
+        for jwk in &set.keys {
+            let Some(kid) = &jwk.common.key_id else {
+                tracing::warn!(jwks = %self.source, "skipping a key without kid");
+                continue;
+            };
+            let alg = match (&jwk.algorithm, jwk.common.key_algorithm) {
+                (AlgorithmParameters::RSA(_), None | Some(KeyAlgorithm::RS256)) => Algorithm::RS256,
+                (AlgorithmParameters::EllipticCurve(ec), None | Some(KeyAlgorithm::ES256))
+                    if ec.curve == EllipticCurve::P256 =>
+                {
+                    Algorithm::ES256
+                }
+                _ => {
+                    tracing::warn!(jwks = %self.source, kid, "skipping a key that is not RS256 or ES256");
+                    continue;
+                }
+            };
+            match DecodingKey::from_jwk(jwk) {
+                Ok(key) => {
+                    keys.insert(kid.clone(), (alg, key));
+                }
+                Err(e) => {
+                    tracing::warn!(jwks = %self.source, kid, error = %e, "skipping an unreadable key");
+                }
+            }
+        }
+        let n = keys.len();
+        *self.keys.write().await = keys;
+        Ok(n)
     }
 }
 
@@ -97,9 +405,51 @@ where
             .ok_or_else(|| unauthorized("expected `Authorization: Bearer <token>`"))?;
         let tenant = JwtKeys::from_ref(state)
             .verify(token.trim())
-            .ok_or_else(|| unauthorized("invalid or expired token"))?;
+            .await
+            .map_err(|e| {
+                tracing::debug!(error = %e, "token refused");
+                unauthorized("invalid or expired token")
+            })?;
         parts.extensions.insert(tenant);
         tracing::Span::current().record("tenant_id", tenant.get());
         Ok(tenant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weak_secrets_are_refused_off_loopback_only() {
+        let dev = AuthSettings::default();
+        assert!(dev.check("127.0.0.1").is_ok());
+        assert!(dev.check("::1").is_ok());
+        let err = dev.check("0.0.0.0").unwrap_err().to_string();
+        assert!(
+            err.contains("JWT_SECRET") && err.contains("openssl rand"),
+            "{err}"
+        );
+        let short = AuthSettings {
+            jwt_secret: Some("short".into()),
+            ..AuthSettings::default()
+        };
+        assert!(short.check("0.0.0.0").is_err());
+        let empty = AuthSettings {
+            jwt_secret: Some("".into()),
+            ..AuthSettings::default()
+        };
+        assert!(empty.check("10.0.0.5").is_err());
+        let strong = AuthSettings {
+            jwt_secret: Some("k".repeat(32).as_str().into()),
+            ..AuthSettings::default()
+        };
+        assert!(strong.check("0.0.0.0").is_ok());
+        let idp_only = AuthSettings {
+            jwt_jwks: Some("/etc/jwks.json".into()),
+            ..AuthSettings::default()
+        };
+        assert!(idp_only.check("0.0.0.0").is_ok());
+        assert!(!idp_only.keys().hs256);
     }
 }

@@ -121,3 +121,9 @@ pub fn constraint_violation(err: &sqlx::Error) -> Option<&str> {
         _ => None,
     }
 }
+
+/// A value out of its column's range (SQLSTATE 22003, e.g. a `bigint`
+/// sum that would overflow): the input's fault, so a 422, not a 500.
+pub fn is_out_of_range(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("22003"))
+}

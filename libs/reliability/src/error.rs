@@ -27,3 +27,36 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the failure is a dependency being down or overloaded (the
+    /// database unreachable, restarting, out of connections; the pool
+    /// exhausted), as opposed to a bug or bad data: the caller may retry.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Database(e) => db_unavailable(e),
+            Self::Broker(_) | Self::BrokerTimeout(_) => true,
+            _ => false,
+        }
+    }
+}
+
+fn db_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        // A connection cut mid-handshake (e.g. the answer to TLS negotiation
+        // never comes) surfaces as a protocol error.
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 57P01-03: shutdown, crash,
+            // cannot connect now (starting or in recovery); 53300: too many
+            // connections.
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
+}

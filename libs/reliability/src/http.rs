@@ -2,7 +2,7 @@
 //! Services map their own error enum onto [`ApiError`] in one place.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -13,6 +13,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header (425, 429, 503).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -21,6 +23,31 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    #[must_use]
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// The answer to a failed operation: 503 with `Retry-After` while a
+    /// dependency is down (the request changed nothing, so a retry is safe
+    /// and its Idempotency-Key is still free), else a logged 500.
+    pub fn failure(cause: &crate::Error) -> Self {
+        if cause.is_unavailable() {
+            tracing::warn!(error = %cause, "dependency unavailable; answering 503");
+            metrics::counter!("http_unavailable_total").increment(1);
+            Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "a dependency is unavailable; retry later",
+            )
+            .with_retry_after(2)
+        } else {
+            Self::internal(cause)
         }
     }
 
@@ -61,6 +88,12 @@ pub struct ErrorDetail {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }

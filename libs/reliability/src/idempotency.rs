@@ -7,9 +7,15 @@
 //! transaction and finishes with [`Idempotent::complete`], which stores the
 //! response in the same commit. So:
 //!
-//! - a concurrent request with the same key blocks on the uncommitted row,
-//!   for at most [`IdempotencyConfig::wait`] (PostgreSQL `lock_timeout`), then
-//!   replays the stored response or answers 425 with `Retry-After`;
+//! - a concurrent request with the same key waits for its twin, at most
+//!   [`IdempotencyConfig::wait`], then replays the stored response or
+//!   answers 425 with `Retry-After`. Twins in one process wait without a
+//!   database connection (only one of them holds one, blocked on the row
+//!   under PostgreSQL's `lock_timeout`), and the wait is well below the
+//!   pool's acquire timeout: a burst of one key cannot starve others;
+//! - over the tenant's rate limit ([`crate::rate_limit`]): 429 with
+//!   `Retry-After` before anything is claimed or run;
+//! - the database down: 503 with `Retry-After`; nothing was claimed;
 //! - a crash or a 5xx rolls the claim back with everything else: no stuck key;
 //! - a 4xx is stored (the handler's writes rolled back to a savepoint first);
 //! - the same key with a different body: 409 (docs/adr/0004 maps these to
@@ -17,6 +23,8 @@
 //!
 //! The scope is the method and matched route (`POST /orders`).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -27,9 +35,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
+use tokio::sync::Notify;
 
 use crate::auth::JwtKeys;
 use crate::http::ApiError;
+use crate::rate_limit::RateLimiter;
 use crate::{Result, TenantId, TenantTx};
 
 pub const HEADER: &str = "idempotency-key";
@@ -42,34 +52,125 @@ const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idempotent_handler";
 pub struct IdempotencyConfig {
     /// The runtime role's pool.
     pub pool: PgPool,
-    /// How long a request waits for an in-flight twin before answering 425.
+    /// How long a request waits for an in-flight twin before answering
+    /// 425. Keep it well below the pool's acquire timeout (5 s).
     pub wait: Duration,
     /// How long a completed key is remembered.
     pub ttl: Duration,
+    /// Per-tenant admission of the writes (unlimited unless set).
+    pub rate_limit: RateLimiter,
+    /// Keys being handled in this process, so that their twins wait here
+    /// rather than on a pooled connection.
+    in_flight: Arc<Mutex<HashMap<KeyId, Arc<Notify>>>>,
 }
 
+type KeyId = (TenantId, String, String);
+
 impl IdempotencyConfig {
-    /// Waits 5 s for an in-flight twin; remembers keys 24 h.
+    /// Waits 1 s for an in-flight twin; remembers keys 24 h; no rate limit.
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
-            wait: Duration::from_secs(5),
+            wait: Duration::from_secs(1),
             ttl: Duration::from_secs(24 * 3600),
+            rate_limit: RateLimiter::unlimited(),
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Marks `id` in flight here, or waits (up to `wait`, holding no
+    /// connection) for the twin that is. `None`: the twin is still running.
+    async fn enter(&self, id: KeyId) -> Option<InFlight> {
+        let deadline = tokio::time::Instant::now() + self.wait;
+        loop {
+            let notify = {
+                let mut map = self
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match map.get(&id) {
+                    Some(n) => n.clone(),
+                    None => {
+                        map.insert(id.clone(), Arc::new(Notify::new()));
+                        return Some(InFlight {
+                            map: self.in_flight.clone(),
+                            id,
+                        });
+                    }
+                }
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // The twin may have left between the look-up and `enable`.
+            if !self
+                .in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&id)
+                .is_some_and(|n| Arc::ptr_eq(n, &notify))
+            {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// A key this process is handling; its twins here wake when it is dropped.
+struct InFlight {
+    map: Arc<Mutex<HashMap<KeyId, Arc<Notify>>>>,
+    id: KeyId,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(notify) = map.remove(&self.id) {
+            notify.notify_waiters();
         }
     }
 }
 
 /// A claimed key, the request body, and the transaction to do the work in.
+///
+/// The transaction is reachable only through [`Idempotent::tx`], so the
+/// one way to commit the work is [`Idempotent::complete`] (or `reject`),
+/// which stores the response with it: a handler cannot leave a key claimed
+/// without an answer.
+///
+/// ```compile_fail
+/// async fn handler(req: reliability::idempotency::Idempotent<()>) {
+///     req.tx.commit().await.unwrap(); // private: commit only with a stored response
+/// }
+/// ```
 pub struct Idempotent<T> {
     pub body: T,
-    pub tx: TenantTx,
+    tx: TenantTx,
     scope: String,
     key: String,
+    _in_flight: InFlight,
 }
 
 impl<T> Idempotent<T> {
     pub fn tenant(&self) -> TenantId {
         self.tx.tenant()
+    }
+
+    /// The transaction the handler writes through (committed by `complete`).
+    pub fn tx(&mut self) -> &mut TenantTx {
+        &mut self.tx
+    }
+
+    /// The body and the transaction at once, for a query that binds the
+    /// one and runs on the other.
+    pub fn parts(&mut self) -> (&T, &mut TenantTx) {
+        (&self.body, &mut self.tx)
     }
 
     /// Stores the response with the key and commits the handler's work with
@@ -204,25 +305,48 @@ where
         })?;
 
         let config = IdempotencyConfig::from_ref(state);
+        if let Err(wait) = config.rate_limit.check(tenant) {
+            metrics::counter!("http_rate_limited_total", "scope" => scope).increment(1);
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "too many requests for this tenant; retry later",
+            )
+            .with_retry_after(u32::try_from(wait.as_secs() + 1).unwrap_or(u32::MAX))
+            .into_response());
+        }
+        let Some(in_flight) = config.enter((tenant, scope.clone(), key.clone())).await else {
+            metrics::counter!("idempotency_in_flight_total", "scope" => scope).increment(1);
+            return Err(still_in_flight());
+        };
         let outcome = claim(&config, tenant, &scope, &key, &hash).await;
         metrics::histogram!("idempotency_check_duration", "scope" => scope.clone())
             .record(started.elapsed().as_secs_f64());
+        let counter = |name: &'static str| metrics::counter!(name, "scope" => scope.clone());
         match outcome {
             Ok(Claim::Fresh(tx)) => {
-                metrics::counter!("idempotency_cache_misses_total", "scope" => scope.clone())
-                    .increment(1);
+                counter("idempotency_cache_misses_total").increment(1);
                 Ok(Self {
                     body,
                     tx,
                     scope,
                     key,
+                    _in_flight: in_flight,
                 })
             }
-            Ok(Claim::Done(response)) => {
-                metrics::counter!("idempotency_cache_hits_total", "scope" => scope).increment(1);
+            Ok(Claim::Replayed(response)) => {
+                counter("idempotency_cache_hits_total").increment(1);
                 Err(response)
             }
-            Err(e) => Err(ApiError::internal(&e).into_response()),
+            Ok(Claim::Conflict(response)) => {
+                counter("idempotency_conflicts_total").increment(1);
+                Err(response)
+            }
+            Ok(Claim::InFlight) => {
+                counter("idempotency_in_flight_total").increment(1);
+                Err(still_in_flight())
+            }
+            Err(e) => Err(ApiError::failure(&e).into_response()),
         }
     }
 }
@@ -235,10 +359,14 @@ struct Stored {
     response_body: Option<Vec<u8>>,
 }
 
+/// What the key's row says; only `Fresh` lets the handler run.
 enum Claim {
     Fresh(TenantTx),
-    /// A stored response, a 409, or a 425: the handler must not run.
-    Done(Response),
+    Replayed(Response),
+    /// The same key with another body: 409.
+    Conflict(Response),
+    /// A twin holds the key past the wait: 425.
+    InFlight,
 }
 
 async fn claim(
@@ -281,7 +409,7 @@ async fn claim(
         }
         Ok(None) => {}
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
-            return Ok(Claim::Done(still_in_flight()));
+            return Ok(Claim::InFlight);
         }
         Err(e) => return Err(e.into()),
     }
@@ -295,13 +423,15 @@ async fn claim(
     .fetch_optional(&mut *tx)
     .await?;
     tx.rollback().await?;
-    let response = match stored {
-        Some(stored) if stored.request_hash != hash => ApiError::new(
-            StatusCode::CONFLICT,
-            "idempotency_key_reused",
-            "this Idempotency-Key was used with a different request body",
-        )
-        .into_response(),
+    Ok(match stored {
+        Some(stored) if stored.request_hash != hash => Claim::Conflict(
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_key_reused",
+                "this Idempotency-Key was used with a different request body",
+            )
+            .into_response(),
+        ),
         Some(Stored {
             response_status: Some(status),
             response_content_type: content_type,
@@ -318,25 +448,21 @@ async fn claim(
                     .unwrap_or(HeaderValue::from_static("application/json")),
             );
             headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-            response
+            Claim::Replayed(response)
         }
         // Deleted by the cleanup between our insert and read: try again.
-        _ => still_in_flight(),
-    };
-    Ok(Claim::Done(response))
+        _ => Claim::InFlight,
+    })
 }
 
 fn still_in_flight() -> Response {
-    let mut response = ApiError::new(
+    ApiError::new(
         StatusCode::TOO_EARLY,
         "idempotency_key_in_flight",
         "a request with this Idempotency-Key is still being processed; retry later",
     )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
+    .with_retry_after(1)
+    .into_response()
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod idempotency;
 pub mod maintenance;
 pub mod metrics;
 pub mod outbox;
+pub mod rate_limit;
 pub mod relay;
 pub mod service;
 pub mod shutdown;

@@ -32,7 +32,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::auth::JwtKeys;
+use crate::auth::{AuthSettings, JwtKeys};
 use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::{Consumer, ConsumerConfig, Handler};
 use crate::failpoint::FailPoints;
@@ -40,6 +40,7 @@ use crate::health::Health;
 use crate::http::ApiError;
 use crate::idempotency::IdempotencyConfig;
 use crate::maintenance::{self, MaintenanceConfig};
+use crate::rate_limit::{RateLimit, RateLimiter};
 use crate::relay::{Relay, RelayConfig};
 use crate::trace::{self, TraceContext};
 use crate::{Error, Result, db};
@@ -92,9 +93,9 @@ pub struct CommonSettings {
     /// The topic exchange every event is published to.
     #[arg(long, env = "EVENTS_EXCHANGE", default_value = "commerce.events")]
     pub exchange: String,
-    /// HS256 secret of bearer tokens. The default is for local development only.
-    #[arg(long, env = "JWT_SECRET", default_value = "dev-secret-change-me")]
-    pub jwt_secret: Secret,
+    /// How bearer tokens are verified.
+    #[command(flatten)]
+    pub auth: AuthSettings,
     /// Full URL for the runtime role; default: the service's database URL as `commerce_app`.
     #[arg(long, env = "APP_DATABASE_URL")]
     pub app_database_url: Option<String>,
@@ -133,6 +134,20 @@ pub struct CommonSettings {
     /// answer them on the service's port.
     #[arg(long, env = "OPS_PORT")]
     pub ops_port: Option<u16>,
+    /// Writes (idempotent POSTs) per second each tenant may make to this
+    /// process, sustained; over it: 429 with `Retry-After`. 0: no limit.
+    #[arg(long, env = "RATE_LIMIT_PER_SEC", default_value_t = 1000)]
+    pub rate_limit_per_sec: u32,
+    /// Writes a tenant may make at once above the sustained rate.
+    #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
+    pub rate_limit_burst: u32,
+    /// Seconds a client has to send a request's headers; an idle
+    /// keep-alive connection is closed after as long.
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub http_header_timeout_secs: u64,
+    /// Seconds a whole request may take (body and handler); past it: 408.
+    #[arg(long, env = "HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub http_request_timeout_secs: u64,
     /// Print the service's OpenAPI document and exit.
     #[arg(long)]
     pub openapi: bool,
@@ -147,7 +162,7 @@ impl CommonSettings {
         Self {
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             exchange: "commerce.events".into(),
-            jwt_secret: "dev-secret-change-me".into(),
+            auth: AuthSettings::default(),
             app_database_url: None,
             relay_database_url: None,
             owner_database_url: None,
@@ -158,13 +173,34 @@ impl CommonSettings {
             relay_max_attempts: 10,
             consumer_lanes: 4,
             ops_port: None,
+            rate_limit_per_sec: 1000,
+            rate_limit_burst: 2000,
+            http_header_timeout_secs: 10,
+            http_request_timeout_secs: 30,
             openapi: false,
             bind_address: "127.0.0.1".into(),
         }
     }
 
+    /// The token keys and rules, for minting in tests and tools (a serving
+    /// process loads them with [`AuthSettings::load`], which also checks
+    /// the secret and fetches a key set).
     pub fn jwt_keys(&self) -> JwtKeys {
-        JwtKeys::from_secret(self.jwt_secret.expose().as_bytes())
+        self.auth.keys()
+    }
+
+    pub fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            header_read: Duration::from_secs(self.http_header_timeout_secs.max(1)),
+            request: Duration::from_secs(self.http_request_timeout_secs.max(1)),
+        }
+    }
+
+    pub fn rate_limit(&self) -> RateLimit {
+        RateLimit {
+            per_sec: self.rate_limit_per_sec,
+            burst: self.rate_limit_burst,
+        }
     }
 
     pub fn fail_points(&self) -> Result<FailPoints> {
@@ -204,6 +240,12 @@ impl ApiState {
             pool,
             jwt,
         }
+    }
+
+    #[must_use]
+    pub fn with_rate_limit(mut self, limit: RateLimit) -> Self {
+        self.idempotency.rate_limit = RateLimiter::new(limit);
+        self
     }
 }
 
@@ -455,6 +497,11 @@ pub async fn launch(
 ) -> Result<Application> {
     let common = spec.common;
     let mut tasks = Tasks::new(shutdown.clone());
+    // A weak secret or an unreadable key set stops the start, before anything runs.
+    let jwt = match spec.role.serves() {
+        true => Some(common.auth.load(&common.bind_address).await?),
+        false => None,
+    };
     if spec.role.migrates() {
         migrate_with_retry(&dbs.owner, spec.migrations, &shutdown).await?;
     }
@@ -465,12 +512,12 @@ pub async fn launch(
         health: tasks.health(),
     };
     let (mut port, mut ops_port) = (0, 0);
-    if spec.role.serves() {
+    if let Some(jwt) = jwt {
         let listener = bind(common, spec.port).await?;
         port = local_port(&listener)?;
         ops_port = port;
-        let (routes, mut api) =
-            (spec.routes)(ApiState::new(dbs.app.clone(), common.jwt_keys())).split_for_parts();
+        let state = ApiState::new(dbs.app.clone(), jwt).with_rate_limit(common.rate_limit());
+        let (routes, mut api) = (spec.routes)(state).split_for_parts();
         document(&mut api, spec.name);
         let api = std::sync::Arc::new(api);
         let routes = routes.route(
@@ -478,7 +525,10 @@ pub async fn launch(
             get(move || std::future::ready(axum::Json(api.as_ref().clone()))),
         );
         let app = http_app(routes, ready, metrics);
-        tasks.spawn("http", serve(listener, app, shutdown.clone()));
+        tasks.spawn(
+            "http",
+            serve_with(listener, app, shutdown.clone(), common.server_limits()),
+        );
         tracing::info!(service = spec.name, port, "listening");
     } else if spec.role.relays() || spec.role.consumes() {
         // Every role is observable: a relay-only or consumer-only process
@@ -491,7 +541,10 @@ pub async fn launch(
         let listener = bind(common, wanted).await?;
         ops_port = local_port(&listener)?;
         let app = ops_routes(ready, metrics);
-        tasks.spawn("ops http", serve(listener, app, shutdown.clone()));
+        tasks.spawn(
+            "ops http",
+            serve_with(listener, app, shutdown.clone(), common.server_limits()),
+        );
         tracing::info!(service = spec.name, role = ?spec.role, ops_port, "health and metrics at /healthz /readyz /metrics");
     }
     if spec.role.relays() {
@@ -627,12 +680,96 @@ pub async fn bind(common: &CommonSettings, port: u16) -> Result<TcpListener> {
         .map_err(|e| Error::Config(format!("bind {}:{port}: {e}", common.bind_address)))
 }
 
-/// Serves `app` until `shutdown`, finishing requests in flight.
+/// How long the server gives a client, so that a slow or idle one cannot
+/// hold a connection (or, through it, anything else) for long.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// To send a request's headers, counted from when the server waits for
+    /// them; an idle keep-alive connection is closed after it too.
+    pub header_read: Duration,
+    /// For a whole request, body and handler included: past it the handler
+    /// is dropped (its transaction rolls back) and the client gets 408.
+    pub request: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            header_read: Duration::from_secs(10),
+            request: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves `app` until `shutdown`, then lets requests in flight finish (at
+/// most `limits.request`).
 pub async fn serve(listener: TcpListener, app: Router, shutdown: CancellationToken) -> Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    serve_with(listener, app, shutdown, ServerLimits::default()).await
+}
+
+/// [`serve`] with explicit limits.
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+    limits: ServerLimits,
+) -> Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
+    let app = app.layer(middleware::from_fn_with_state(
+        limits.request,
+        request_deadline,
+    ));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, most likely: let some close.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.request, graceful.shutdown())
         .await
-        .map_err(|e| Error::Config(format!("http server: {e}")))
+        .is_err()
+    {
+        tracing::warn!("requests still in flight at shutdown were cut off");
+    }
+    Ok(())
+}
+
+/// A request that outlives its deadline is dropped: its transaction rolls
+/// back and its Idempotency-Key stays free.
+async fn request_deadline(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request took too long (a slow body, or a slow dependency)",
+        )
+        .into_response(),
+    }
 }
 
 /// What `/readyz` checks: the database, the broker, and every part of the

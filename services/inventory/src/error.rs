@@ -15,7 +15,7 @@ pub enum Error {
     /// 404: no such product for this tenant.
     #[error("product not found")]
     NotFound,
-    /// 500.
+    /// 503 while a dependency is down, else 500.
     #[error(transparent)]
     Internal(#[from] reliability::Error),
 }
@@ -42,7 +42,7 @@ impl Error {
             Self::NotFound => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", "product not found")
             }
-            Self::Internal(e) => ApiError::internal(e),
+            Self::Internal(e) => ApiError::failure(e),
         }
     }
 }

@@ -46,7 +46,7 @@ const MAX_DELTA: i64 = 1_000_000_000;
     responses((status = 201, description = "the product after the adjustment", body = ProductView)))]
 async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error> {
     let checked = Sku::parse(req.body.sku.clone()).and_then(|sku| {
-        if req.body.delta == 0 || req.body.delta.abs() > MAX_DELTA {
+        if req.body.delta == 0 || req.body.delta.unsigned_abs() > MAX_DELTA.unsigned_abs() {
             return Err(Error::Invalid(format!(
                 "delta must be non-zero and within ±{MAX_DELTA}"
             )));
@@ -60,20 +60,22 @@ async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error
         Ok(sku) => sku,
         Err(e) => return Ok(req.reject(e.api()).await?),
     };
-    let product = match apply_adjustment(&mut req.tx, &sku, req.body.delta, &req.body.reason).await
-    {
+    let (delta, reason) = (req.body.delta, req.body.reason.clone());
+    let product = match apply_adjustment(req.tx(), &sku, delta, &reason).await {
         Ok(p) => p,
-        Err(e @ Error::BelowReserved) => return Ok(req.reject(e.api()).await?),
+        Err(e @ (Error::BelowReserved | Error::Invalid(_))) => {
+            return Ok(req.reject(e.api()).await?);
+        }
         Err(e) => return Err(e),
     };
     let adjusted = contracts::StockAdjusted {
         sku: product.sku.clone(),
-        delta: req.body.delta,
+        delta,
         on_hand: product.on_hand,
-        reason: req.body.reason.clone(),
+        reason,
     };
     outbox::enqueue(
-        &mut req.tx,
+        req.tx(),
         &NewEvent::new(
             aggregate::PRODUCT,
             &product.sku,
@@ -104,7 +106,11 @@ async fn apply_adjustment(
         .bind(sku.as_str())
         .bind(delta)
         .fetch_optional(&mut **tx)
-        .await?
+        .await
+        .map_err(|e| match reliability::db::is_out_of_range(&e) {
+            true => Error::Invalid("on_hand would exceed the largest stock level".into()),
+            false => e.into(),
+        })?
     } else {
         sqlx::query_as(
             "UPDATE products SET on_hand = on_hand + $2, updated_at = now()

@@ -12,7 +12,8 @@ pub enum Error {
     /// 404: no such order for this tenant (another tenant's id looks the same).
     #[error("order not found")]
     NotFound,
-    /// 500: logged once here, shown to the client as a generic message.
+    /// 503 while a dependency is down, else 500: logged once here, shown to
+    /// the client as a generic message.
     #[error(transparent)]
     Internal(#[from] reliability::Error),
 }
@@ -32,7 +33,7 @@ impl Error {
                 msg.clone(),
             ),
             Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found"),
-            Self::Internal(e) => ApiError::internal(e),
+            Self::Internal(e) => ApiError::failure(e),
         }
     }
 }

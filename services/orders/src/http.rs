@@ -81,7 +81,7 @@ async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error>
         Err(e @ Error::Invalid(_)) => return Ok(req.reject(e.api()).await?),
         Err(e) => return Err(e),
     };
-    let view = place(&mut req.tx, &order).await?;
+    let view = place(req.tx(), &order).await?;
     Ok(req.complete(StatusCode::CREATED, &view).await?)
 }
 

@@ -102,7 +102,7 @@ async fn create_refund(mut req: Idempotent<RefundRequest>) -> Result<Response, E
             .reject(Error::Invalid("amount_cents must be positive".into()).api())
             .await?);
     }
-    match reserve_refund(&mut req.tx, payment_id, amount).await {
+    match reserve_refund(req.tx(), payment_id, amount).await {
         Ok(refund) => Ok(req.complete(StatusCode::CREATED, &refund).await?),
         Err(e @ (Error::NotFound | Error::RefundTooLarge)) => Ok(req.reject(e.api()).await?),
         Err(e) => Err(e),
@@ -118,7 +118,7 @@ async fn reserve_refund(
 ) -> Result<RefundView, Error> {
     let reserved = sqlx::query(
         "UPDATE payments SET refunded_cents = refunded_cents + $2, updated_at = now()
-         WHERE payment_id = $1 AND status = 'captured' AND refunded_cents + $2 <= amount_cents",
+         WHERE payment_id = $1 AND status = 'captured' AND $2 <= amount_cents - refunded_cents",
     )
     .bind(payment_id)
     .bind(amount)

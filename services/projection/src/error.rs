@@ -8,7 +8,7 @@ pub enum Error {
     /// 404: no event of this order has arrived (or it is another tenant's).
     #[error("order not found")]
     NotFound,
-    /// 500.
+    /// 503 while a dependency is down, else 500.
     #[error(transparent)]
     Internal(#[from] reliability::Error),
 }
@@ -25,7 +25,7 @@ impl IntoResponse for Error {
             Self::NotFound => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found").into_response()
             }
-            Self::Internal(e) => ApiError::internal(&e).into_response(),
+            Self::Internal(e) => ApiError::failure(&e).into_response(),
         }
     }
 }

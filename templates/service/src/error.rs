@@ -28,7 +28,7 @@ impl Error {
         match self {
             Self::Invalid(msg) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_item", msg.clone()),
             Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "item not found"),
-            Self::Internal(e) => ApiError::internal(e),
+            Self::Internal(e) => ApiError::failure(e),
         }
     }
 }

@@ -49,10 +49,10 @@ async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error>
     )
     .bind(req.tenant().get())
     .bind(&req.body.name)
-    .fetch_one(&mut *req.tx)
+    .fetch_one(&mut **req.tx())
     .await?;
     let event = NewEvent::new("item", item.item_id, ITEM_CREATED, &serde_json::json!({"item_id": item.item_id, "name": item.name}))?;
-    outbox::enqueue(&mut req.tx, &event).await?;
+    outbox::enqueue(req.tx(), &event).await?;
     Ok(req.complete(StatusCode::CREATED, &item).await?)
 }
 
