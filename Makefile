@@ -14,8 +14,9 @@ build: ## build every crate
 	cargo build --workspace --all-targets --locked
 
 test: test-clean ## run every test against the real PostgreSQL and RabbitMQ
+	@scripts/pg-tls.sh
 	@if command -v cargo-nextest >/dev/null; then \
-	  cargo nextest run --workspace --all-targets --all-features --locked; \
+	  cargo test --doc -p reliability --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
 	else \
 	  cargo test --workspace --all-targets --all-features --locked; \
 	fi
@@ -59,7 +60,7 @@ demo: ## place a few orders on the running stack and show how each ends
 	scripts/demo.sh
 
 deps: ## install the servers and tools on Debian (needs root)
-	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl
+	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl openssl
 
 check-compose: ## validate the compose stack (docker compose config where available)
 	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi

@@ -140,16 +140,24 @@ fn is_loopback(bind_address: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+/// What the stack mints.
+#[derive(Debug, Serialize)]
 struct Claims {
     tenant_id: i64,
     exp: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    iat: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
     iss: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     aud: Option<String>,
+}
+
+/// What a verified token must carry beyond the claims jsonwebtoken checks
+/// (`exp`, `nbf`, `iss`, `aud`, in whatever form the issuer uses).
+#[derive(Debug, Deserialize)]
+struct Verified {
+    tenant_id: i64,
+    exp: u64,
 }
 
 #[derive(Debug)]
@@ -218,7 +226,7 @@ impl JwtKeys {
         let claims = Claims {
             tenant_id: tenant.get(),
             exp: now + ttl.as_secs(),
-            iat: Some(now),
+            iat: now,
             iss: self.policy.issuer.clone(),
             aud: self.policy.audience.clone(),
         };
@@ -252,7 +260,7 @@ impl JwtKeys {
     pub async fn verify(&self, token: &str) -> Result<TenantId, TokenError> {
         let header = jsonwebtoken::decode_header(token)?;
         let data = match header.alg {
-            Algorithm::HS256 if self.hs256 => jsonwebtoken::decode::<Claims>(
+            Algorithm::HS256 if self.hs256 => jsonwebtoken::decode::<Verified>(
                 token,
                 &self.decoding,
                 &self.validation(Algorithm::HS256),
@@ -260,7 +268,7 @@ impl JwtKeys {
             Algorithm::RS256 | Algorithm::ES256 if self.key_set.is_some() => {
                 let set = self.key_set.as_ref().expect("checked above");
                 let key = set.find(header.kid.as_deref(), header.alg).await?;
-                jsonwebtoken::decode::<Claims>(token, &key, &self.validation(header.alg))?
+                jsonwebtoken::decode::<Verified>(token, &key, &self.validation(header.alg))?
             }
             other => return Err(TokenError::Algorithm(other)),
         };

@@ -2,10 +2,12 @@
 //! RabbitMQ (`DATABASE_URL`, `AMQP_URL`). Each test makes its own database
 //! and its own exchange and queues.
 
+mod auth;
 mod consumer;
 mod idempotency;
 mod maintenance;
 mod relay;
 mod support;
 mod tenancy;
+mod tls;
 mod topology;

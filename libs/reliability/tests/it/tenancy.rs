@@ -204,3 +204,36 @@ async fn setup_migrations_run_again_on_a_database_a_service_has_migrated() {
         .unwrap();
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_relay_cannot_rewrite_an_event_and_the_runtime_cannot_delete_a_key() {
+    let db = TestDb::new().await;
+    seed_two_tenants(&db).await;
+    let denied = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>| {
+        r.unwrap_err()
+            .as_database_error()
+            .and_then(|e| e.code().map(|c| c.into_owned()))
+    };
+    for sql in [
+        "UPDATE outbox_messages SET payload = '{}'",
+        "UPDATE outbox_messages SET tenant_id = 2",
+        "UPDATE outbox_messages SET event_type = 'Forged'",
+    ] {
+        let r = sqlx::query(sql).execute(&db.relay).await;
+        assert_eq!(denied(r), Some("42501".into()), "{sql}");
+    }
+    // Its own bookkeeping it may change.
+    sqlx::query(
+        "UPDATE outbox_messages SET attempts = attempts, last_error = NULL, available_at = now()",
+    )
+    .execute(&db.relay)
+    .await
+    .unwrap();
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    let r = sqlx::query("DELETE FROM idempotency_keys")
+        .execute(&mut *tx)
+        .await;
+    assert_eq!(denied(r), Some("42501".into()));
+    drop(tx);
+    db.cleanup().await;
+}

@@ -46,6 +46,8 @@ async fn adjustments_below_reserved_or_invalid_get_422_and_change_nothing() {
         json!({"sku": "", "delta": 1, "reason": "r"}),
         json!({"sku": "SKU-1", "delta": 1, "reason": ""}),
         json!({"sku": "SKU-1", "delta": 2_000_000_000i64, "reason": "r"}),
+        json!({"sku": "SKU-1", "delta": i64::MIN, "reason": "overflows abs()"}),
+        json!({"sku": "SKU-1", "delta": i64::MAX, "reason": "r"}),
         json!({"sku": "SKU-1", "delta": "1", "reason": "r"}),
     ]
     .iter()
@@ -74,6 +76,16 @@ async fn adjustments_below_reserved_or_invalid_get_422_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(adjustments, 1);
+
+    // A stock level that an adjustment would push past i64: 422, unchanged.
+    sqlx::query("UPDATE products SET on_hand = 9223372036854775800, reserved = 0")
+        .execute(&app.db.owner)
+        .await
+        .unwrap();
+    let (status, _, err) = app.adjust(1, "overflow", "SKU-1", 1000).await;
+    assert_eq!(status, 422, "{err}");
+    let (_, body) = app.api.get(1, "/products/SKU-1").await;
+    assert_eq!(body["on_hand"], 9_223_372_036_854_775_800i64);
     app.stop().await;
 }
 

@@ -140,6 +140,20 @@ async fn a_refund_is_issued_once_and_never_beyond_the_capture() {
         )
         .await;
     assert_eq!(status, 422);
+    // An amount whose sum with the refunded would overflow: 422, not 500.
+    let (status, _, err) = app
+        .api
+        .post(
+            1,
+            "/refunds",
+            "r-5",
+            &json!({"payment_id": payment_id, "amount_cents": i64::MAX}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (422, Some("refund_exceeds_captured"))
+    );
 
     worker.process_due().await.unwrap();
     worker.process_due().await.unwrap();
