@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps check-compose new-service template-check openapi e2e bench bench-smoke
+.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ demo: ## place a few orders on the running stack and show how each ends
 
 deps: ## install the servers and tools on Debian (needs root)
 	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl openssl
+
+fuzz-api: ## schemathesis (every check) against the running stack's OpenAPI documents (make up first)
+	scripts/fuzz-api.sh
 
 check-compose: ## validate the compose stack (docker compose config where available)
 	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi

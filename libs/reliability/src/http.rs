@@ -97,3 +97,41 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// JSON has one number type: `2` and `2.0` are the same number, and a
+/// client (or a schema-driven generator) may send either for an integer
+/// field. `#[serde(deserialize_with = "reliability::http::integer")]`
+/// accepts any integral number that fits an `i64`, and nothing else.
+pub fn integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::Deserialize;
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(d)?;
+    integral(&n).ok_or_else(|| D::Error::custom(format!("expected an integer, got {n}")))
+}
+
+/// `n` as an `i64` if it is an integer in range (`3` or `3.0`).
+pub fn integral(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| {
+        // 2^63 is exactly representable; anything at or beyond it is out.
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= -(2f64.powi(63)) && *f < 2f64.powi(63))
+            .map(|f| f as i64)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::integral;
+
+    #[test]
+    fn integral_numbers_in_any_spelling_fit_and_others_do_not() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
+        assert_eq!(integral(&n("3")), Some(3));
+        assert_eq!(integral(&n("3.0")), Some(3));
+        assert_eq!(integral(&n("-1e3")), Some(-1000));
+        assert_eq!(integral(&n("9223372036854775807")), Some(i64::MAX));
+        assert_eq!(integral(&n("3.5")), None);
+        assert_eq!(integral(&n("9223372036854775808")), None);
+        assert_eq!(integral(&n("1e300")), None);
+    }
+}

@@ -658,11 +658,22 @@ pub fn document(api: &mut utoipa::openapi::OpenApi, name: &str) {
                         "425",
                         "a request with this Idempotency-Key is still in flight; see Retry-After",
                     ),
+                    (
+                        "429",
+                        "over the tenant's rate limit; nothing was run, see Retry-After",
+                    ),
                 ]);
             } else {
                 errors.push(("404", "no such resource for this tenant"));
             }
-            errors.push(("500", "internal error (logged; never shown)"));
+            errors.extend([
+                ("408", "the request took longer than the server allows"),
+                ("500", "internal error (logged; never shown)"),
+                (
+                    "503",
+                    "a dependency (the database) is unavailable; see Retry-After",
+                ),
+            ]);
             for (status, description) in errors {
                 op.responses
                     .responses

@@ -27,9 +27,36 @@ pub fn router(state: ApiState) -> OpenApiRouter {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct Adjustment {
+    /// 1 to 64 visible ASCII characters.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[!-~]+$")]
     pub sku: String,
+    /// Non-zero, within ±1000000000.
+    #[schema(schema_with = delta_schema)]
+    #[serde(deserialize_with = "reliability::http::integer")]
     pub delta: i64,
+    #[schema(min_length = 1, max_length = 200)]
     pub reason: String,
+}
+
+/// `delta`: a non-zero integer within ±MAX_DELTA, as two ranges (so that a
+/// client generated from the document never sends 0).
+fn delta_schema() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{
+        KnownFormat, ObjectBuilder, OneOfBuilder, Schema, SchemaFormat, Type,
+    };
+    let range = |min: i64, max: i64| {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(min))
+            .maximum(Some(max))
+    };
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(range(-MAX_DELTA, -1))
+            .item(range(1, MAX_DELTA))
+            .build(),
+    )
 }
 
 #[derive(Debug, Serialize, sqlx::FromRow, ToSchema)]
@@ -136,7 +163,7 @@ async fn apply_adjustment(
 }
 
 #[utoipa::path(get, path = "/products/{sku}", tag = "inventory",
-    params(("sku" = String, Path, description = "the product's sku")),
+    params(("sku" = String, Path, description = "the product's sku", min_length = 1, max_length = 64, pattern = "^[!-~]+$")),
     responses((status = 200, description = "stock of the product", body = ProductView)))]
 async fn get_product(
     tenant: TenantId,

@@ -33,7 +33,7 @@ impl CustomerId {
             Ok(Self(s))
         } else {
             Err(Error::Invalid(
-                "customer_id must be 1 to 64 characters".into(),
+                "customer_id must be 1 to 64 characters, none of them control characters".into(),
             ))
         }
     }

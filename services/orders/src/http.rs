@@ -29,15 +29,29 @@ pub fn router(state: ApiState) -> OpenApiRouter {
 /// The wire shape of `POST /orders`; validated into [`NewOrder`].
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PlaceOrder {
+    /// 1 to 64 characters, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub customer_id: String,
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
+    #[schema(min_items = 1, max_items = 100)]
     pub lines: Vec<PlaceOrderLine>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PlaceOrderLine {
+    /// 1 to 64 visible ASCII characters.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[!-~]+$")]
     pub sku: String,
+    #[schema(minimum = 1, maximum = 10000)]
+    #[serde(deserialize_with = "reliability::http::integer")]
     pub quantity: i64,
+    #[schema(minimum = 0, maximum = 100000000)]
+    #[serde(deserialize_with = "reliability::http::integer")]
     pub unit_price_cents: i64,
 }
 

@@ -71,8 +71,10 @@ async fn list_payments(
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RefundRequest {
     /// The payment's id: a number (or the same as a string).
-    #[schema(value_type = i64)]
+    #[schema(value_type = i64, minimum = 1)]
     pub payment_id: serde_json::Value,
+    #[schema(minimum = 1)]
+    #[serde(deserialize_with = "reliability::http::integer")]
     pub amount_cents: i64,
 }
 
@@ -85,11 +87,12 @@ pub struct RefundView {
 }
 
 #[utoipa::path(post, path = "/refunds", tag = "payments", request_body = RefundRequest,
-    responses((status = 201, description = "the refund, pending until the provider confirms it", body = RefundView)))]
+    responses((status = 201, description = "the refund, pending until the provider confirms it", body = RefundView),
+        (status = 404, description = "no such payment for this tenant", body = reliability::http::ErrorBody)))]
 async fn create_refund(mut req: Idempotent<RefundRequest>) -> Result<Response, Error> {
     // Ids are opaque to clients: a number or a numeric string.
     let payment_id = match &req.body.payment_id {
-        serde_json::Value::Number(n) => n.as_i64(),
+        serde_json::Value::Number(n) => reliability::http::integral(n),
         serde_json::Value::String(s) => s.parse().ok(),
         _ => None,
     };
