@@ -279,3 +279,33 @@ async fn health_readiness_and_metrics_need_no_token() {
     );
     app.stop().await;
 }
+
+#[tokio::test]
+async fn order_ids_say_nothing_about_other_tenants_orders() {
+    let app = TestApp::spawn().await;
+    let id = |body: &Value| body["order_id"].as_i64().expect("a JSON integer");
+    let (_, _, first) = app.place(1, "mine-1", ORDER).await;
+    for i in 0..5 {
+        let (status, _, _) = app.place(2, &format!("theirs-{i}"), ORDER).await;
+        assert_eq!(status, 201);
+    }
+    let (_, _, second) = app.place(1, "mine-2", ORDER).await;
+    let (a, b) = (id(&first), id(&second));
+    // With a global counter the gap would be 6: tenant 2's five orders.
+    assert_ne!(b - a, 6, "{a} then {b}");
+    assert_ne!(b - a, 1);
+    for v in [a, b] {
+        assert!(
+            (1i64 << 48..1i64 << 53).contains(&v),
+            "{v}: opaque, exact in JavaScript"
+        );
+    }
+    // The permutation behind them never repeats.
+    let distinct: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT opaque_id(n)) FROM generate_series(0, 19999) n")
+            .fetch_one(&app.db.owner)
+            .await
+            .unwrap();
+    assert_eq!(distinct, 20_000);
+    app.stop().await;
+}
