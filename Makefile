@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
+.PHONY: help build test test-clean lint audit fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,9 +31,14 @@ test-clean: ## drop test databases and queues left by interrupted test runs
 	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- delete-queues $$queues; fi; \
 	fi
 
-lint: ## rustfmt check and clippy with warnings as errors
+lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+	@command -v cargo-deny >/dev/null || { echo "cargo-deny is missing: cargo install cargo-deny --locked" >&2; exit 1; }
+	cargo deny --locked check bans licenses sources
+
+audit: ## cargo deny check advisories (fetches the RustSec database from GitHub)
+	cargo deny --locked check advisories
 
 fmt: ## format the code
 	cargo fmt --all

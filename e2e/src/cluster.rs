@@ -187,6 +187,10 @@ pub struct Client {
     pub jwt: JwtKeys,
     orders: String,
     inventory: String,
+    /// Answers 500 and 503 seen by `post`: a dependency outage must be
+    /// the one, never the other.
+    pub answered_500: std::sync::atomic::AtomicU64,
+    pub answered_503: std::sync::atomic::AtomicU64,
 }
 
 impl Client {
@@ -198,6 +202,8 @@ impl Client {
             jwt: JwtKeys::from_secret(SECRET.as_bytes()),
             orders: layout.url("orders"),
             inventory: layout.url("inventory"),
+            answered_500: Default::default(),
+            answered_503: Default::default(),
         })
     }
 
@@ -229,6 +235,14 @@ impl Client {
                 .await;
             if let Ok(resp) = sent {
                 let status = resp.status().as_u16();
+                let counter = match status {
+                    500 => Some(&self.answered_500),
+                    503 => Some(&self.answered_503),
+                    _ => None,
+                };
+                if let Some(c) = counter {
+                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if status < 500 && status != 425 {
                     return Ok((status, resp.json().await.unwrap_or(Value::Null)));
                 }

@@ -285,6 +285,11 @@ pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
     };
     run.client.stock(tenant, &sku(tenant), 1000).await?;
     let (client, dbs) = (&run.client, &run.dbs);
+    let load = std::sync::atomic::Ordering::Relaxed;
+    let (errors_before, unavailable_before) = (
+        client.answered_500.load(load),
+        client.answered_503.load(load),
+    );
     let (placed, restarted) = tokio::join!(client.orders(tenant, 200), async {
         wait_until(Duration::from_secs(60), "30 orders placed", || async {
             orders_of(dbs, tenant).await >= 30
@@ -311,8 +316,16 @@ pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
     });
     restarted?;
     placed?;
+    let errors = client.answered_500.load(load) - errors_before;
+    let unavailable = client.answered_503.load(load) - unavailable_before;
+    anyhow::ensure!(
+        errors == 0,
+        "{errors} answers were 500 while the database restarted (503 expected)"
+    );
     Ok((
-        "PostgreSQL restart -m immediate at order 30 of 200; clients retry".into(),
+        format!(
+            "PostgreSQL restart -m immediate at order 30 of 200; clients retry ({unavailable} answers 503, 0 answers 500)"
+        ),
         vec![],
     ))
 }
