@@ -84,22 +84,23 @@ template-check: ## generate a throwaway service, run its tests, remove it (CI)
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status
 
 openapi: ## write each service's OpenAPI document to target/openapi/ and validate it
-	cargo build --quiet --locked --bins
+	cargo build --locked --bins
 	mkdir -p target/openapi
 	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
 
-e2e: ## crash, restart and retry scenarios against the stack as real processes; prints the invariants table
-	cargo build --quiet --locked --bins
+e2e: ## crash, restart and retry scenarios against the stack as real processes (~3 min; restarts the local PostgreSQL and RabbitMQ)
+	@echo "make e2e restarts the local PostgreSQL and RabbitMQ during its run (and puts them back): do not run it beside make test or make bench"
+	cargo build --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
 SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim
 
 bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ~10 min); rewrites docs/benchmarks.md
-	cargo build --quiet --locked --release -p bench $(SERVICE_PKGS)
+	cargo build --locked --release -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/release/bench
 
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
-	cargo build --quiet --locked -p bench $(SERVICE_PKGS)
+	cargo build --locked -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke

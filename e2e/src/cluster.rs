@@ -27,7 +27,8 @@ pub const SECRET: &str = "cluster-secret";
 
 /// Where a run lives: databases `{name}_orders`…, exchange `{name}.events`,
 /// queues `{name}.…`, ports `port_base + 1..=4` (the services, in
-/// [`SERVICES`] order) and `port_base + 10` (the provider simulator),
+/// [`SERVICES`] order) and `port_base + 19` (the provider simulator; not
+/// `+ 10`, which is 9090 for e2e: the compose stack's Prometheus),
 /// binaries from `target/{profile}`, logs in `.run/{name}/`.
 pub struct Layout {
     pub name: &'static str,
@@ -42,7 +43,7 @@ impl Layout {
 
     pub fn port(&self, service: &str) -> u16 {
         let i = SERVICES.iter().position(|s| *s == service);
-        self.port_base + i.map_or(10, |i| i as u16 + 1)
+        self.port_base + i.map_or(19, |i| i as u16 + 1)
     }
 
     pub fn url(&self, service: &str) -> String {

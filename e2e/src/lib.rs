@@ -45,7 +45,7 @@ impl Stack {
             projection: TestDb::with_migrations(&projection::MIGRATIONS).await,
         };
 
-        let sim = psp_sim::Application::build(psp_sim::Settings { port: 0 }).await?;
+        let sim = psp_sim::Application::build(psp_sim::Settings::local(0)).await?;
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
         tokio::spawn(sim.run_until_stopped(stop.clone()));
 

@@ -33,6 +33,20 @@ pub struct Settings {
     /// Port to listen on (0 picks a free one).
     #[arg(long, env = "PSP_SIM_PORT", default_value_t = 8090)]
     pub port: u16,
+    /// Address to listen on (0.0.0.0 in containers, where payments reaches
+    /// it by service name).
+    #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
+    pub bind_address: String,
+}
+
+impl Settings {
+    /// On loopback, `port` (0 picks a free one).
+    pub fn local(port: u16) -> Self {
+        Self {
+            port,
+            bind_address: "127.0.0.1".into(),
+        }
+    }
 }
 
 /// Faults applied to the next requests (each counter is used up one request at a time).
@@ -454,7 +468,11 @@ pub struct Application {
 
 impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", settings.port)).await?;
+        let listener = TcpListener::bind((settings.bind_address.as_str(), settings.port))
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("bind {}:{}: {e}", settings.bind_address, settings.port)
+            })?;
         Ok(Self {
             listener,
             sim: Simulator::default(),

@@ -156,7 +156,7 @@ pub async fn provider_charges_then_fails(run: &mut Run, tenant: i64) -> Outcome 
     let faults = json!({"charge_then_fail_next": 3, "charge_then_hang_next": 3, "hang_ms": 2500});
     run.client
         .http
-        .post("http://127.0.0.1:9090/control/faults")
+        .post("http://127.0.0.1:9099/control/faults")
         .json(&faults)
         .send()
         .await?
@@ -165,7 +165,7 @@ pub async fn provider_charges_then_fails(run: &mut Run, tenant: i64) -> Outcome 
     quiesce(run, tenant).await?;
     run.client
         .http
-        .post("http://127.0.0.1:9090/control/faults")
+        .post("http://127.0.0.1:9099/control/faults")
         .json(&json!({}))
         .send()
         .await?

@@ -5,7 +5,7 @@
 //! checks the invariants of shared/design.md from the databases and the
 //! provider's charge counts. Prints a table; exits 1 on any violation.
 //!
-//! It runs on databases, ports (908x, 9090), an exchange and queues of its
+//! It runs on databases, ports (908x, 9099), an exchange and queues of its
 //! own, so it never touches `make up`'s stack.
 
 use std::collections::HashMap;
@@ -226,6 +226,12 @@ async fn main() -> anyhow::Result<()> {
         }
         let mut verdict = settle(&run, tenant).await?;
         verdict.violations.extend(extra);
+        // The verdict now, not only in the table at the end.
+        let secs = t0.elapsed().as_secs_f64();
+        match verdict.violations.as_slice() {
+            [] => println!("   PASS {name} ({secs:.1} s): {faults}"),
+            violations => println!("   FAIL {name} ({secs:.1} s): {}", violations.join("; ")),
+        }
         rows.push(Row {
             name,
             faults,
@@ -291,7 +297,7 @@ fn report(rows: &[Row], total: f64) -> bool {
     failed
 }
 
-/// The stack's layout: ports 9081-9084 and 9090, databases `e2e_*`.
+/// The stack's layout: ports 9081-9084 and 9099, databases `e2e_*`.
 const LAYOUT: Layout = Layout {
     name: "e2e",
     port_base: 9080,
@@ -420,7 +426,7 @@ async fn charges(run: &Run) -> anyhow::Result<HashMap<String, u64>> {
     let body: Value = run
         .client
         .http
-        .get("http://127.0.0.1:9090/control/charges")
+        .get("http://127.0.0.1:9099/control/charges")
         .send()
         .await?
         .json()

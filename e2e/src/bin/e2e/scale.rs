@@ -34,7 +34,7 @@ fn sku(tenant: i64) -> String {
 async fn provider_latency(run: &Run, ms: u64) -> anyhow::Result<()> {
     run.client
         .http
-        .post("http://127.0.0.1:9090/control/faults")
+        .post("http://127.0.0.1:9099/control/faults")
         .json(&json!({ "latency_ms": ms }))
         .send()
         .await?

@@ -5,7 +5,7 @@ use reliability::service::ShutdownToken;
 use serde_json::{Value, json};
 
 async fn start() -> (String, psp_sim::Simulator, ShutdownToken) {
-    let app = Application::build(Settings { port: 0 }).await.unwrap();
+    let app = Application::build(Settings::local(0)).await.unwrap();
     let (url, sim, stop) = (
         format!("http://127.0.0.1:{}", app.port()),
         app.simulator(),
