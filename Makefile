@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint audit fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
+.PHONY: help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ status: ## show which services of the stack run
 
 demo: ## place a few orders on the running stack and show how each ends
 	scripts/demo.sh
+
+doctor: ## check every prerequisite of make up / make test and print the fix for each missing one
+	@scripts/doctor.sh
 
 deps: ## install the servers and tools on Debian (needs root)
 	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl openssl

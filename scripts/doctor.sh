@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# make doctor: checks each prerequisite of `make up` / `make test` and
+# prints the exact fix for each one that is missing. Changes nothing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}}
+PG_HOST=${PG_HOST:-127.0.0.1}
+PG_PORT=${PG_PORT:-5432}
+AMQP_HOST=${AMQP_HOST:-127.0.0.1}
+AMQP_PORT=${AMQP_PORT:-5672}
+MIN_RUST=1.94
+failed=0
+
+ok() { printf '  ok    %s\n' "$1"; }
+bad() { printf '  FAIL  %s\n        fix: %s\n' "$1" "$2"; failed=1; }
+has() { command -v "$1" >/dev/null 2>&1; }
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
+tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+echo "toolchain"
+if has cargo && has rustc; then
+  v=$(rustc --version | awk '{print $2}')
+  if version_ge "$v" "$MIN_RUST"; then ok "rustc $v (>= $MIN_RUST)"
+  else bad "rustc $v is older than $MIN_RUST (Debian's packaged rustc is too old)" "rustup update stable (Debian's packaged rustc is too old: use rustup)"; fi
+else
+  bad "no cargo/rustc" "install rustup's stable toolchain (https://rustup.rs); Debian's packaged rustc is too old"
+fi
+if has cc; then ok "C compiler and linker ($(cc --version | head -1))"
+else bad "no C compiler/linker (aws-lc-sys and the final link need one)" "apt-get install -y build-essential"; fi
+for tool in psql pg_isready openssl jq python3 curl; do
+  if has "$tool"; then ok "$tool"; else bad "$tool is missing" "make deps"; fi
+done
+has cargo-nextest && ok "cargo-nextest" || bad "cargo-nextest is missing (make test falls back to cargo test)" "cargo install cargo-nextest --locked"
+
+echo "PostgreSQL ($PG_HOST:$PG_PORT)"
+if ! has pg_isready || ! pg_isready -h "$PG_HOST" -p "$PG_PORT" -q; then
+  bad "PostgreSQL is not accepting connections on $PG_HOST:$PG_PORT" \
+      "pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql | head -1) main start   (or: make deps)"
+else
+  ok "accepting connections"
+  if err=$(psql "$ADMIN_DATABASE_URL" -Atc 'SELECT 1' 2>&1 >/dev/null); then
+    ok "admin connection ($ADMIN_DATABASE_URL)"
+    if psql "$ADMIN_DATABASE_URL" -Atc "SELECT rolsuper FROM pg_roles WHERE rolname = current_user" | grep -q t; then
+      ok "the admin connection is a superuser (it creates the roles and databases)"
+    else
+      bad "the admin connection is not a superuser" "point ADMIN_DATABASE_URL (or DATABASE_URL) at a superuser, e.g. postgres"
+    fi
+  else
+    case $err in
+      *password*|*authentication*)
+        bad "PostgreSQL asks for a password ($(echo "$err" | head -1))" \
+            "put the password in the URL (ADMIN_DATABASE_URL=postgres://postgres:PASSWORD@127.0.0.1:5432/postgres), or allow local trust: add 'host all all 127.0.0.1/32 trust' before the other host lines of pg_hba.conf, then pg_ctlcluster --skip-systemctl-redirect VERSION main reload" ;;
+      *) bad "cannot connect as the admin: $(echo "$err" | head -1)" "check ADMIN_DATABASE_URL / DATABASE_URL" ;;
+    esac
+  fi
+  # The stack's own roles log in without a password unless .env gives one.
+  if psql "$ADMIN_DATABASE_URL" -Atc "SELECT 1 FROM pg_roles WHERE rolname = 'commerce_app'" 2>/dev/null | grep -q 1; then
+    if err=$(psql "postgres://commerce_app@$PG_HOST:$PG_PORT/postgres" -Atc 'SELECT 1' 2>&1 >/dev/null); then
+      ok "the stack's roles can log in"
+    else
+      bad "commerce_app cannot log in: $(echo "$err" | head -1)" \
+          "allow local trust for the stack's roles, or give them passwords in the URLs (APP_DATABASE_URL, RELAY_DATABASE_URL, OWNER_DATABASE_URL)"
+    fi
+  else
+    ok "the stack's roles are not created yet (make up creates them)"
+  fi
+  if [ "$(psql "$ADMIN_DATABASE_URL" -Atc 'SHOW ssl' 2>/dev/null)" = on ]; then ok "TLS offered"
+  else bad "TLS is off (the TLS tests need it)" "scripts/pg-tls.sh"; fi
+fi
+
+echo "RabbitMQ ($AMQP_HOST:$AMQP_PORT)"
+if tcp_open "$AMQP_HOST" "$AMQP_PORT"; then ok "accepting connections"
+else bad "RabbitMQ is not listening on $AMQP_HOST:$AMQP_PORT" "rabbitmq-server -detached   (or: make deps)"; fi
+
+echo "ports of make up"
+for port in 8081 8082 8083 8084 8090; do
+  if tcp_open 127.0.0.1 "$port"; then
+    bad "port $port is in use" "make down (if make up runs), or set ORDERS_PORT/INVENTORY_PORT/PAYMENTS_PORT/PROJECTION_PORT/PSP_SIM_PORT"
+  else ok "port $port free"; fi
+done
+
+echo "disk"
+avail=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "${avail:-0}" -ge 10 ]; then ok "${avail} GiB free (a build needs about 10)"
+else bad "only ${avail} GiB free where target/ is built (about 10 needed)" "free space, or set CARGO_TARGET_DIR to a larger disk"; fi
+
+if [ $failed = 0 ]; then echo "doctor: everything make up and make test need is here"; else echo "doctor: fix the FAIL lines above, then run make doctor again"; fi
+exit $failed
