@@ -44,12 +44,14 @@ async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error>
     if !(1..=100).contains(&req.body.name.chars().count()) {
         return Ok(req.reject(Error::Invalid("name must be 1 to 100 characters".into()).api()).await?);
     }
+    let tenant = req.tenant().get();
+    let (body, tx) = req.parts();
     let item: ItemView = sqlx::query_as(
         "INSERT INTO items (tenant_id, name) VALUES ($1, $2) RETURNING item_id, name, created_at",
     )
-    .bind(req.tenant().get())
-    .bind(&req.body.name)
-    .fetch_one(&mut **req.tx())
+    .bind(tenant)
+    .bind(&body.name)
+    .fetch_one(&mut **tx)
     .await?;
     let event = NewEvent::new("item", item.item_id, ITEM_CREATED, &serde_json::json!({"item_id": item.item_id, "name": item.name}))?;
     outbox::enqueue(req.tx(), &event).await?;
