@@ -31,7 +31,7 @@ impl TestApp {
     pub async fn spawn() -> Self {
         let db = TestDb::with_migrations(&payments::MIGRATIONS).await;
         let stop = ShutdownToken::new();
-        let sim = psp_sim::Application::build(psp_sim::Settings { port: 0 })
+        let sim = psp_sim::Application::build(psp_sim::Settings::local(0))
             .await
             .unwrap();
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
