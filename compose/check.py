@@ -1,6 +1,7 @@
 """Checks the compose stack where no Docker compose is available: the YAML
 parses, every service the native stack runs is in it with its port, and the
-Prometheus files are well-formed with an expression on every rule."""
+Prometheus files are well-formed with an expression on every rule, and
+Grafana's provisioning matches its dashboard."""
 import pathlib, re, sys
 import yaml
 
@@ -15,11 +16,33 @@ for entry in native:
         errors.append(f"{name} runs in `make up` but is not in the compose file")
     elif not any(p.endswith(f":{port}") for p in services[name].get("ports", [])):
         errors.append(f"{name}: port {port} not published")
-for dep in ("postgres", "rabbitmq", "setup", "prometheus"):
+for dep in ("postgres", "rabbitmq", "setup", "prometheus", "grafana"):
     if dep not in services:
         errors.append(f"compose file lacks {dep}")
 prom = yaml.safe_load((root / "compose/prometheus/prometheus.yml").read_text())
 targets = prom["scrape_configs"][0]["static_configs"][0]["targets"]
+jobs = {job["job_name"]: job for job in prom["scrape_configs"]}
+if "rabbitmq:15692" not in jobs.get("rabbitmq", {}).get("static_configs", [{}])[0].get("targets", []):
+    errors.append("prometheus does not scrape RabbitMQ's endpoint (rabbitmq:15692)")
+plugins = (root / "compose/rabbitmq-enabled-plugins").read_text()
+if "rabbitmq_prometheus" not in plugins:
+    errors.append("compose/rabbitmq-enabled-plugins lacks rabbitmq_prometheus")
+# Grafana: the datasource the dashboard names is the one provisioned, and
+# the dashboard folder is the one mounted. (Which metrics each query reads is
+# checked against the code's catalogue by e2e/tests/observability.rs.)
+import json
+dashboard = json.loads((root / "compose/grafana/dashboards/commerce.json").read_text())
+datasources = yaml.safe_load((root / "compose/grafana/provisioning/datasources/prometheus.yml").read_text())
+uids = {d["uid"] for d in datasources["datasources"]}
+for panel in dashboard["panels"]:
+    for target in panel.get("targets", []):
+        if target["datasource"]["uid"] not in uids:
+            errors.append(f"panel {panel['title']!r}: datasource {target['datasource']['uid']!r} not provisioned")
+provider = yaml.safe_load((root / "compose/grafana/provisioning/dashboards/commerce.yml").read_text())
+mounts = services.get("grafana", {}).get("volumes", [])
+for p in provider["providers"]:
+    if not any(m.endswith(":" + p["options"]["path"] + ":ro") for m in mounts):
+        errors.append(f"grafana: dashboards path {p['options']['path']} is not mounted")
 for entry in native:
     name, port = entry.split(":")
     if name != "psp-sim" and f"{name}:{port}" not in targets:
@@ -56,4 +79,5 @@ errors += [f"rule {r.get('alert')} has no expr" for r in rules if not r.get("exp
 if errors:
     print("\n".join(errors))
     sys.exit(1)
-print(f"compose: {len(services)} services, prometheus: {len(targets)} targets, {len(rules)} alert rules: ok")
+print(f"compose: {len(services)} services, prometheus: {len(targets)} targets + rabbitmq, "
+      f"{len(rules)} alert rules, grafana: {len(dashboard['panels'])} panels: ok")

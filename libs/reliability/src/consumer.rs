@@ -532,7 +532,10 @@ impl<H: Handler> Consumer<H> {
                     if lane.index == 0 {
                         let dlq = broker::dead_letter_queue(&self.config.queue.queue);
                         if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
-                            metrics::gauge!("consumer_dlq_depth", "consumer" => self.config.name.clone()).set(f64::from(depth));
+                            metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
+                        }
+                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &self.config.queue.queue)).await {
+                            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
                         }
                     }
                     continue;
@@ -626,7 +629,7 @@ impl<H: Handler> Consumer<H> {
             Err(ApplyError::Handler(e)) => {
                 tracing::debug!(consumer = %self.config.name, error = %e, size = parsed.len(), "group failed; applying one at a time");
                 self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("consumer_group_fallbacks_total", "consumer" => self.config.name.clone())
+                metrics::counter!(crate::metrics::CONSUMER_GROUP_FALLBACKS, "consumer" => self.config.name.clone())
                     .increment(1);
                 for (delivery, event) in parsed {
                     if !self.settle_traced(delivery, event, shutdown, lane).await? {
@@ -659,8 +662,10 @@ impl<H: Handler> Consumer<H> {
             Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("consumer_messages_total", "consumer" => self.config.name.clone(), "outcome" => label)
+        metrics::counter!(crate::metrics::CONSUMER_MESSAGES, "consumer" => self.config.name.clone(), "outcome" => label)
             .increment(1);
+        metrics::gauge!(crate::metrics::CONSUMER_LAST_APPLIED, "consumer" => self.config.name.clone())
+            .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
     }
 
     /// Applies, retries and finally acks or dead-letters one parsed delivery.
@@ -704,7 +709,7 @@ impl<H: Handler> Consumer<H> {
             };
             tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("consumer_retries_total", "consumer" => self.config.name.clone())
+            metrics::counter!(crate::metrics::CONSUMER_RETRIES, "consumer" => self.config.name.clone())
                 .increment(1);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(false),
@@ -716,7 +721,7 @@ impl<H: Handler> Consumer<H> {
     async fn dead_letter(&self, delivery: &Delivery, reason: &'static str) -> Result<()> {
         broker::bounded(delivery.reject(BasicRejectOptions { requeue: false })).await?;
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("consumer_dead_lettered_total", "consumer" => self.config.name.clone(), "reason" => reason)
+        metrics::counter!(crate::metrics::CONSUMER_DEAD_LETTERED, "consumer" => self.config.name.clone(), "reason" => reason)
             .increment(1);
         Ok(())
     }

@@ -39,7 +39,7 @@ impl ApiError {
     pub fn failure(cause: &crate::Error) -> Self {
         if cause.is_unavailable() {
             tracing::warn!(error = %cause, "dependency unavailable; answering 503");
-            metrics::counter!("http_unavailable_total").increment(1);
+            metrics::counter!(crate::metrics::HTTP_UNAVAILABLE).increment(1);
             Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

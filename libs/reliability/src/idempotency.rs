@@ -306,7 +306,7 @@ where
 
         let config = IdempotencyConfig::from_ref(state);
         if let Err(wait) = config.rate_limit.check(tenant) {
-            metrics::counter!("http_rate_limited_total", "scope" => scope).increment(1);
+            metrics::counter!(crate::metrics::HTTP_RATE_LIMITED, "scope" => scope).increment(1);
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
@@ -316,16 +316,16 @@ where
             .into_response());
         }
         let Some(in_flight) = config.enter((tenant, scope.clone(), key.clone())).await else {
-            metrics::counter!("idempotency_in_flight_total", "scope" => scope).increment(1);
+            metrics::counter!(crate::metrics::IDEMPOTENCY_IN_FLIGHT, "scope" => scope).increment(1);
             return Err(still_in_flight());
         };
         let outcome = claim(&config, tenant, &scope, &key, &hash).await;
-        metrics::histogram!("idempotency_check_duration", "scope" => scope.clone())
+        metrics::histogram!(crate::metrics::IDEMPOTENCY_CHECK_DURATION, "scope" => scope.clone())
             .record(started.elapsed().as_secs_f64());
         let counter = |name: &'static str| metrics::counter!(name, "scope" => scope.clone());
         match outcome {
             Ok(Claim::Fresh(tx)) => {
-                counter("idempotency_cache_misses_total").increment(1);
+                counter(crate::metrics::IDEMPOTENCY_MISSES).increment(1);
                 Ok(Self {
                     body,
                     tx,
@@ -335,15 +335,15 @@ where
                 })
             }
             Ok(Claim::Replayed(response)) => {
-                counter("idempotency_cache_hits_total").increment(1);
+                counter(crate::metrics::IDEMPOTENCY_HITS).increment(1);
                 Err(response)
             }
             Ok(Claim::Conflict(response)) => {
-                counter("idempotency_conflicts_total").increment(1);
+                counter(crate::metrics::IDEMPOTENCY_CONFLICTS).increment(1);
                 Err(response)
             }
             Ok(Claim::InFlight) => {
-                counter("idempotency_in_flight_total").increment(1);
+                counter(crate::metrics::IDEMPOTENCY_IN_FLIGHT).increment(1);
                 Err(still_in_flight())
             }
             Err(e) => Err(ApiError::failure(&e).into_response()),

@@ -139,12 +139,12 @@ async fn step<T>(
     match job.await {
         Ok(t) => {
             let now = Utc::now().timestamp() as f64;
-            metrics::gauge!("maintenance_last_success_timestamp_seconds", "step" => name).set(now);
+            metrics::gauge!(crate::metrics::MAINTENANCE_LAST_SUCCESS, "step" => name).set(now);
             Some(t)
         }
         Err(e) => {
             tracing::warn!(step = name, error = %e, "maintenance step failed; the others still run");
-            metrics::counter!("maintenance_errors_total", "step" => name).increment(1);
+            metrics::counter!(crate::metrics::MAINTENANCE_ERRORS, "step" => name).increment(1);
             errors.push((name.to_owned(), e.to_string()));
             None
         }

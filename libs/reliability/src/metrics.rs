@@ -1,25 +1,265 @@
-//! The Prometheus recorder and `/metrics`.
+//! The Prometheus recorder, `/metrics`, and the catalogue of every metric
+//! the library records: one list that gives each its HELP text, documents it
+//! (README, runbook) and lets CI check that the dashboard asks only for
+//! metrics that exist.
 //!
-//! Metrics this crate records (labels in braces):
-//! - relay: `outbox_lag_seconds{source}`, `outbox_throughput{source}`,
-//!   `outbox_failures{source,event_type}`, `outbox_dlq_depth{source}`, `outbox_max_attempts{source}`;
-//! - consumers: `consumer_messages_total{consumer,outcome}`,
-//!   `consumer_dead_lettered_total{consumer,reason}`, `consumer_retries_total{consumer}`,
-//!   `consumer_dlq_depth{consumer}`;
-//! - idempotency: `idempotency_cache_hits_total{scope}`,
-//!   `idempotency_cache_misses_total{scope}`, `idempotency_check_duration{scope}` (seconds).
+//! Names follow Prometheus conventions: counters end in `_total`, durations
+//! in `_seconds`. Views whose label set changes from one scrape to the next
+//! (the top tenants of an outbox) are [`Family`]s: replaced whole at each
+//! refresh and rendered after the recorder's output, so a tenant that left
+//! the top N leaves no stale series behind.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric: its name, kind, labels and what it means.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+const fn m(
+    name: &'static str,
+    kind: Kind,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        labels,
+        help,
+    }
+}
+
+pub const BUILD_INFO: &str = "build_info";
+pub const OUTBOX_PUBLISHED: &str = "outbox_published_total";
+pub const OUTBOX_PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
+pub const OUTBOX_UNCONFIRMED: &str = "outbox_unconfirmed_total";
+pub const OUTBOX_LAG: &str = "outbox_lag_seconds";
+pub const OUTBOX_PENDING: &str = "outbox_pending";
+pub const OUTBOX_DLQ_DEPTH: &str = "outbox_dlq_depth";
+pub const OUTBOX_MAX_ATTEMPTS: &str = "outbox_max_attempts";
+pub const OUTBOX_TENANT_PENDING: &str = "outbox_tenant_pending";
+pub const OUTBOX_TENANT_LAG: &str = "outbox_tenant_lag_seconds";
+pub const CONSUMER_MESSAGES: &str = "consumer_messages_total";
+pub const CONSUMER_RETRIES: &str = "consumer_retries_total";
+pub const CONSUMER_DEAD_LETTERED: &str = "consumer_dead_lettered_total";
+pub const CONSUMER_GROUP_FALLBACKS: &str = "consumer_group_fallbacks_total";
+pub const CONSUMER_QUEUE_DEPTH: &str = "consumer_queue_depth";
+pub const CONSUMER_DLQ_DEPTH: &str = "consumer_dlq_depth";
+pub const CONSUMER_LAST_APPLIED: &str = "consumer_last_applied_timestamp_seconds";
+pub const IDEMPOTENCY_HITS: &str = "idempotency_cache_hits_total";
+pub const IDEMPOTENCY_MISSES: &str = "idempotency_cache_misses_total";
+pub const IDEMPOTENCY_CONFLICTS: &str = "idempotency_conflicts_total";
+pub const IDEMPOTENCY_IN_FLIGHT: &str = "idempotency_in_flight_total";
+pub const IDEMPOTENCY_CHECK_DURATION: &str = "idempotency_check_duration_seconds";
+pub const HTTP_REQUESTS: &str = "http_requests_total";
+pub const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
+pub const HTTP_RATE_LIMITED: &str = "http_rate_limited_total";
+pub const HTTP_UNAVAILABLE: &str = "http_unavailable_total";
+pub const MAINTENANCE_LAST_SUCCESS: &str = "maintenance_last_success_timestamp_seconds";
+pub const MAINTENANCE_ERRORS: &str = "maintenance_errors_total";
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// The per-tenant outbox view ([`Family`]s: the top tenants change).
+pub const OUTBOX_TENANT_PENDING_METRIC: Metric = m(
+    OUTBOX_TENANT_PENDING,
+    Gauge,
+    &["source", "tenant"],
+    "Unpublished outbox rows of the top tenants by backlog; the rest summed as tenant=\"other\".",
+);
+pub const OUTBOX_TENANT_LAG_METRIC: Metric = m(
+    OUTBOX_TENANT_LAG,
+    Gauge,
+    &["source", "tenant"],
+    "Age of the oldest unpublished row of each top tenant (\"other\": the oldest of the rest).",
+);
+
+/// Every metric this crate records, with its labels and HELP text.
+pub const CATALOGUE: &[Metric] = &[
+    m(
+        BUILD_INFO,
+        Gauge,
+        &["service", "role", "version"],
+        "Always 1; the labels say what runs.",
+    ),
+    m(
+        OUTBOX_PUBLISHED,
+        Counter,
+        &["source"],
+        "Outbox rows published and confirmed by the broker.",
+    ),
+    m(
+        OUTBOX_PUBLISH_FAILURES,
+        Counter,
+        &["source", "event_type"],
+        "Outbox publishes that failed (the row is retried with backoff).",
+    ),
+    m(
+        OUTBOX_UNCONFIRMED,
+        Counter,
+        &["source"],
+        "Publishes whose confirm did not arrive in time (the row is published again).",
+    ),
+    m(
+        OUTBOX_LAG,
+        Gauge,
+        &["source"],
+        "Age of the oldest unpublished outbox row.",
+    ),
+    m(
+        OUTBOX_PENDING,
+        Gauge,
+        &["source"],
+        "Outbox rows not yet published.",
+    ),
+    m(
+        OUTBOX_DLQ_DEPTH,
+        Gauge,
+        &["source"],
+        "Rows in outbox_messages_dlq (attempts exhausted).",
+    ),
+    m(
+        OUTBOX_MAX_ATTEMPTS,
+        Gauge,
+        &["source"],
+        "Most failed attempts of a row still pending.",
+    ),
+    OUTBOX_TENANT_PENDING_METRIC,
+    OUTBOX_TENANT_LAG_METRIC,
+    m(
+        CONSUMER_MESSAGES,
+        Counter,
+        &["consumer", "outcome"],
+        "Deliveries finished: applied, or duplicate (already applied).",
+    ),
+    m(
+        CONSUMER_RETRIES,
+        Counter,
+        &["consumer"],
+        "Failed tries that were retried.",
+    ),
+    m(
+        CONSUMER_DEAD_LETTERED,
+        Counter,
+        &["consumer", "reason"],
+        "Deliveries sent to the consumer's DLQ.",
+    ),
+    m(
+        CONSUMER_GROUP_FALLBACKS,
+        Counter,
+        &["consumer"],
+        "Grouped commits that failed and were applied one delivery at a time.",
+    ),
+    m(
+        CONSUMER_QUEUE_DEPTH,
+        Gauge,
+        &["consumer"],
+        "Messages ready in the consumer's queue (its lag, in messages).",
+    ),
+    m(
+        CONSUMER_DLQ_DEPTH,
+        Gauge,
+        &["consumer"],
+        "Messages waiting in the consumer's DLQ.",
+    ),
+    m(
+        CONSUMER_LAST_APPLIED,
+        Gauge,
+        &["consumer"],
+        "When this process last finished a delivery (Unix seconds).",
+    ),
+    m(
+        IDEMPOTENCY_HITS,
+        Counter,
+        &["scope"],
+        "Requests answered from a stored Idempotency-Key response.",
+    ),
+    m(
+        IDEMPOTENCY_MISSES,
+        Counter,
+        &["scope"],
+        "Requests that claimed a fresh Idempotency-Key.",
+    ),
+    m(
+        IDEMPOTENCY_CONFLICTS,
+        Counter,
+        &["scope"],
+        "Keys reused with a different request (422).",
+    ),
+    m(
+        IDEMPOTENCY_IN_FLIGHT,
+        Counter,
+        &["scope"],
+        "Requests refused because the same key was still being processed (409).",
+    ),
+    m(
+        IDEMPOTENCY_CHECK_DURATION,
+        Histogram,
+        &["scope"],
+        "Time to claim or replay an Idempotency-Key.",
+    ),
+    m(
+        HTTP_REQUESTS,
+        Counter,
+        &["method", "route", "status"],
+        "HTTP requests, by matched route.",
+    ),
+    m(
+        HTTP_REQUEST_DURATION,
+        Histogram,
+        &["method", "route"],
+        "HTTP request latency.",
+    ),
+    m(
+        HTTP_RATE_LIMITED,
+        Counter,
+        &["scope"],
+        "Requests refused by the per-tenant rate limit (429).",
+    ),
+    m(
+        HTTP_UNAVAILABLE,
+        Counter,
+        &[],
+        "Requests answered 503 because a dependency was unavailable.",
+    ),
+    m(
+        MAINTENANCE_LAST_SUCCESS,
+        Gauge,
+        &["step"],
+        "When each maintenance step last succeeded (Unix seconds).",
+    ),
+    m(
+        MAINTENANCE_ERRORS,
+        Counter,
+        &["step"],
+        "Maintenance step runs that failed.",
+    ),
+];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder once (later calls, e.g. from several
-/// in-process test apps, get the same handle) and keeps it tidy.
+/// in-process test apps, get the same handle), gives every catalogued
+/// metric its HELP text, and keeps the recorder tidy.
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
@@ -31,6 +271,7 @@ pub fn install() -> PrometheusHandle {
                 .expect("bucket list is not empty")
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process");
+            describe(CATALOGUE);
             let upkeep = handle.clone();
             std::thread::Builder::new()
                 .name("metrics-upkeep".into())
@@ -46,7 +287,135 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// Gives metrics their HELP text (a service calls it for its own).
+pub fn describe(metrics: &[Metric]) {
+    for metric in metrics {
+        match metric.kind {
+            Kind::Counter => metrics::describe_counter!(metric.name, metric.help),
+            Kind::Gauge => metrics::describe_gauge!(metric.name, metric.help),
+            Kind::Histogram => metrics::describe_histogram!(metric.name, metric.help),
+        }
+    }
+}
+
+/// `build_info{service, role, version} 1`.
+pub fn build_info(service: &str, role: &str) {
+    metrics::gauge!(BUILD_INFO, "service" => service.to_owned(), "role" => role.to_owned(),
+                    "version" => env!("CARGO_PKG_VERSION"))
+    .set(1.0);
+}
+
+/// A gauge whose series are replaced whole at each [`Family::set`].
+pub struct Family {
+    pub metric: &'static Metric,
+}
+
+type Series = BTreeMap<Vec<(&'static str, String)>, f64>;
+
+fn families() -> &'static Mutex<BTreeMap<(&'static str, String), Series>> {
+    static FAMILIES: OnceLock<Mutex<BTreeMap<(&'static str, String), Series>>> = OnceLock::new();
+    FAMILIES.get_or_init(Default::default)
+}
+
+impl Family {
+    pub const fn new(metric: &'static Metric) -> Self {
+        Self { metric }
+    }
+
+    /// Replaces the series this `owner` (e.g. one source's relay) exported
+    /// last time with `series`: label values in the order of the metric's labels.
+    pub fn set(&self, owner: &str, series: impl IntoIterator<Item = (Vec<String>, f64)>) {
+        let series = series
+            .into_iter()
+            .map(|(values, v)| (self.metric.labels.iter().copied().zip(values).collect(), v))
+            .collect();
+        families()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((self.metric.name, owner.to_owned()), series);
+    }
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', r"\\")
+        .replace('"', r#"\""#)
+        .replace('\n', r"\n")
+}
+
+fn render_families() -> String {
+    let families = families()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut out = String::new();
+    let mut last = "";
+    for ((name, _owner), series) in families.iter() {
+        if *name != last {
+            let help = CATALOGUE
+                .iter()
+                .find(|m| m.name == *name)
+                .map_or("", |m| m.help);
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            last = name;
+        }
+        for (labels, value) in series {
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+    out
+}
+
+/// The recorder's output followed by the families.
+pub fn render(handle: &PrometheusHandle) -> String {
+    let mut text = handle.render();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&render_families());
+    text
+}
+
 /// `GET /metrics` in Prometheus text format. Needs no token.
 pub fn router<S: Clone + Send + Sync + 'static>(handle: PrometheusHandle) -> Router<S> {
-    Router::new().route("/metrics", get(move || std::future::ready(handle.render())))
+    Router::new().route("/metrics", get(move || std::future::ready(render(&handle))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_prometheus_conventions() {
+        let mut seen = std::collections::HashSet::new();
+        for metric in CATALOGUE {
+            assert!(seen.insert(metric.name), "{} listed twice", metric.name);
+            assert!(!metric.help.is_empty(), "{} has no HELP", metric.name);
+            match metric.kind {
+                Kind::Counter => assert!(metric.name.ends_with("_total"), "{}", metric.name),
+                _ => assert!(!metric.name.ends_with("_total"), "{}", metric.name),
+            }
+            if metric.kind == Kind::Histogram {
+                assert!(metric.name.ends_with("_seconds"), "{}", metric.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_family_replaces_its_series_whole() {
+        static M: Metric = m("test_family", Kind::Gauge, &["source", "tenant"], "test");
+        let family = Family::new(&M);
+        family.set("a", [(vec!["a".into(), "1".into()], 3.0)]);
+        family.set("a", [(vec!["a".into(), "2\"x".into()], 4.0)]);
+        let text = render_families();
+        assert!(
+            text.contains(r#"test_family{source="a",tenant="2\"x"} 4"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"tenant="1""#), "{text}");
+        assert_eq!(text.matches("# TYPE test_family gauge").count(), 1);
+    }
 }

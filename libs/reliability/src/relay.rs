@@ -32,6 +32,14 @@ const HEALTH_PART: &str = "relay";
 /// The channel the outbox trigger notifies on commit.
 pub const NOTIFY_CHANNEL: &str = "outbox_messages";
 
+/// Tenants shown one by one in the per-tenant outbox view; the rest are "other".
+pub const TOP_TENANTS: usize = 10;
+
+static TENANT_PENDING: crate::metrics::Family =
+    crate::metrics::Family::new(&crate::metrics::OUTBOX_TENANT_PENDING_METRIC);
+static TENANT_LAG: crate::metrics::Family =
+    crate::metrics::Family::new(&crate::metrics::OUTBOX_TENANT_LAG_METRIC);
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// The publishing service's name: first part of every routing key.
@@ -243,7 +251,7 @@ impl Relay {
                 }
                 Err(e) => {
                     tracing::warn!(outbox_id = row.id, event_type = %row.event_type, error = %e, "publish failed");
-                    metrics::counter!("outbox_failures", "source" => self.config.source.clone(), "event_type" => row.event_type.clone())
+                    metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES, "source" => self.config.source.clone(), "event_type" => row.event_type.clone())
                         .increment(1);
                     failed_ids.push(row.id);
                     failed_errors.push(e.to_string());
@@ -267,7 +275,7 @@ impl Relay {
         };
         tx.commit().await?;
 
-        metrics::counter!("outbox_throughput", "source" => self.config.source.clone())
+        metrics::counter!(crate::metrics::OUTBOX_PUBLISHED, "source" => self.config.source.clone())
             .increment(done.len() as u64);
         if dead_lettered > 0 {
             tracing::error!(
@@ -276,7 +284,7 @@ impl Relay {
             );
         }
         if unconfirmed > 0 {
-            metrics::counter!("outbox_unconfirmed_total", "source" => self.config.source.clone())
+            metrics::counter!(crate::metrics::OUTBOX_UNCONFIRMED, "source" => self.config.source.clone())
                 .increment(unconfirmed as u64);
         }
         Ok(BatchReport {
@@ -400,6 +408,7 @@ impl Relay {
         self.health.ready(HEALTH_PART);
         tracing::info!(source = %self.config.source, exchange = %self.config.exchange, "relay connected");
         let mut gauges_at = Instant::now() - Duration::from_secs(60);
+        let mut tenants_at = gauges_at;
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
@@ -417,6 +426,11 @@ impl Relay {
             if gauges_at.elapsed() >= Duration::from_secs(1) {
                 self.update_gauges().await?;
                 gauges_at = Instant::now();
+            }
+            // Counting every pending row is a scan of the backlog: less often.
+            if tenants_at.elapsed() >= Duration::from_secs(10) {
+                self.update_tenant_view().await?;
+                tenants_at = Instant::now();
             }
             if more_due {
                 continue;
@@ -445,6 +459,40 @@ impl Relay {
             .set(f64::from(attempts));
         metrics::gauge!("outbox_lag_seconds", "source" => self.config.source.clone()).set(lag);
         metrics::gauge!("outbox_dlq_depth", "source" => self.config.source.clone()).set(dlq as f64);
+        Ok(())
+    }
+
+    /// `outbox_pending` and, for the [`TOP_TENANTS`] tenants with the most
+    /// pending rows, `outbox_tenant_pending` and `outbox_tenant_lag_seconds`;
+    /// the others summed as `tenant="other"`, so the series stay bounded
+    /// whatever the number of tenants.
+    pub async fn update_tenant_view(&self) -> Result<()> {
+        let rows: Vec<(i64, i64, f64)> = sqlx::query_as(
+            "SELECT tenant_id, count(*), EXTRACT(EPOCH FROM now() - min(occurred_at))::float8
+             FROM outbox_messages WHERE processed_at IS NULL
+             GROUP BY tenant_id ORDER BY count(*) DESC, tenant_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let source = &self.config.source;
+        let total: i64 = rows.iter().map(|r| r.1).sum();
+        metrics::gauge!(crate::metrics::OUTBOX_PENDING, "source" => source.clone())
+            .set(total as f64);
+        let (top, rest) = rows.split_at(rows.len().min(TOP_TENANTS));
+        let mut pending: Vec<(Vec<String>, f64)> = Vec::with_capacity(top.len() + 1);
+        let mut lag = pending.clone();
+        for (tenant, n, age) in top {
+            pending.push((vec![source.clone(), tenant.to_string()], *n as f64));
+            lag.push((vec![source.clone(), tenant.to_string()], *age));
+        }
+        if !rest.is_empty() {
+            let n: i64 = rest.iter().map(|r| r.1).sum();
+            let age = rest.iter().map(|r| r.2).fold(0.0, f64::max);
+            pending.push((vec![source.clone(), "other".into()], n as f64));
+            lag.push((vec![source.clone(), "other".into()], age));
+        }
+        TENANT_PENDING.set(source, pending);
+        TENANT_LAG.set(source, lag);
         Ok(())
     }
 

@@ -506,6 +506,7 @@ pub async fn launch(
         migrate_with_retry(&dbs.owner, spec.migrations, &shutdown).await?;
     }
     let metrics = crate::metrics::install();
+    crate::metrics::build_info(spec.name, &format!("{:?}", spec.role).to_lowercase());
     let ready = Readiness {
         pool: dbs.app.clone(),
         amqp_url: common.amqp_url.clone(),
@@ -888,9 +889,9 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(req).await;
     let status = response.status().as_u16().to_string();
-    metrics::counter!("http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+    metrics::counter!(crate::metrics::HTTP_REQUESTS, "method" => method.clone(), "route" => route.clone(), "status" => status)
         .increment(1);
-    metrics::histogram!("http_request_duration_seconds", "method" => method, "route" => route)
+    metrics::histogram!(crate::metrics::HTTP_REQUEST_DURATION, "method" => method, "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
 }

@@ -98,6 +98,7 @@ pub async fn build(
             deadline: Duration::from_secs(settings.psp_deadline_secs),
             ..Default::default()
         };
+        reliability::metrics::describe(worker::METRICS);
         let worker = worker::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
         let stop = tasks.shutdown();
         tasks.spawn("provider worker", async move { worker.run(stop).await });

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use reliability::failpoint::FailPoints;
+use reliability::metrics::{Kind, Metric};
 use reliability::service::ShutdownToken;
 use reliability::{Error, Result, TenantId};
 use sqlx::PgPool;
@@ -33,6 +34,25 @@ mod refund;
 
 /// Fail point: the provider answered; nothing recorded yet.
 pub const AFTER_PROVIDER: &str = "payments.after_provider";
+
+pub const PSP_CALLS_IN_FLIGHT: &str = "psp_calls_in_flight";
+pub const PSP_CALL_DURATION: &str = "psp_call_duration_seconds";
+
+/// The worker's own metrics (the library's are in `reliability::metrics`).
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: PSP_CALLS_IN_FLIGHT,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Provider calls in flight in this process.",
+    },
+    Metric {
+        name: PSP_CALL_DURATION,
+        kind: Kind::Histogram,
+        labels: &["call"],
+        help: "Provider call latency (call=\"charge\").",
+    },
+];
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -125,7 +145,7 @@ impl Worker {
                 let worker = self.clone();
                 in_flight.spawn(async move { (work.tenant(), worker.perform(work).await) });
             }
-            metrics::gauge!("psp_calls_in_flight").set(in_flight.len() as f64);
+            metrics::gauge!(PSP_CALLS_IN_FLIGHT).set(in_flight.len() as f64);
             if took > 0 && took == free {
                 // Every slot was filled: wait for one to free up.
             } else if took > 0 {

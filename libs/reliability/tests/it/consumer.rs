@@ -315,6 +315,17 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
         broker.depth(&dlq).await == 1
     })
     .await;
+    // The per-queue view: its lag (nothing waiting), its DLQ, its last apply.
+    let name = consumer.config().name.clone();
+    wait_until(DEADLINE, "the queue gauges see the DLQ", || async {
+        let text = metrics.render();
+        text.contains(&format!(r#"consumer_dlq_depth{{consumer="{name}"}} 1"#))
+            && text.contains(&format!(r#"consumer_queue_depth{{consumer="{name}"}} 0"#))
+            && text.contains(&format!(
+                r#"consumer_last_applied_timestamp_seconds{{consumer="{name}"}}"#
+            ))
+    })
+    .await;
     stop.cancel();
     task.await.unwrap().unwrap();
     assert_eq!(consumer.stats().dead_lettered, 3);
@@ -328,7 +339,6 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     );
     assert_eq!(broker.depth(&dlq).await, 0);
     let text = metrics.render();
-    let name = &consumer.config().name;
     for line in [
         format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="handler_failed"}} 1"#),
         format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="malformed"}} 2"#),

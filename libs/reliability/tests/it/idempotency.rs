@@ -285,7 +285,10 @@ async fn a_replay_returns_the_original_status_and_body_and_a_different_body_is_4
         text.contains(r#"idempotency_conflicts_total{scope="POST /widgets"} 1"#),
         "{text}"
     );
-    assert!(text.contains("idempotency_check_duration_bucket"), "{text}");
+    assert!(
+        text.contains("idempotency_check_duration_seconds_bucket"),
+        "{text}"
+    );
     app.db.cleanup().await;
 }
 

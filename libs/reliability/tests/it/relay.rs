@@ -77,7 +77,7 @@ async fn committed_rows_are_published_with_their_envelope_and_marked_processed()
     relay.update_gauges().await.unwrap();
     let text = metrics.render();
     assert!(
-        text.contains(r#"outbox_throughput{source="svc"} 2"#),
+        text.contains(r#"outbox_published_total{source="svc"} 2"#),
         "{text}"
     );
     assert!(
@@ -629,6 +629,75 @@ async fn relays_with_batches_in_flight_never_wait_on_each_other_for_connections(
     }
     assert_eq!(published, 2_000);
     pool.close().await;
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_tenant_view_names_the_top_tenants_and_sums_the_rest_and_forgets_them_once_drained() {
+    let metrics = reliability::metrics::install();
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["tenantview.*"]).await;
+    // Tenant t has t pending rows: 1..=12, so 3..=12 are the top ten and
+    // tenants 1 and 2 (1 + 2 rows) are "other".
+    for t in 1..=12 {
+        for i in 0..t {
+            enqueue_added(&db, t, &format!("agg-{t}-{i}"), 1).await;
+        }
+    }
+    let relay = Relay::new(
+        db.relay.clone(),
+        &amqp_url(),
+        RelayConfig::new("tenantview", &broker.exchange),
+    );
+    relay.update_tenant_view().await.unwrap();
+    let text = reliability::metrics::render(&metrics);
+    assert!(
+        text.contains("# HELP outbox_tenant_pending "),
+        "every metric has HELP: {text}"
+    );
+    assert!(
+        text.contains(r#"outbox_pending{source="tenantview"} 78"#),
+        "{text}"
+    );
+    for t in 3..=12 {
+        assert!(
+            text.contains(&format!(
+                r#"outbox_tenant_pending{{source="tenantview",tenant="{t}"}} {t}"#
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains(r#"outbox_tenant_pending{source="tenantview",tenant="other"} 3"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"source="tenantview",tenant="1""#),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches(r#"outbox_tenant_lag_seconds{source="tenantview""#)
+            .count(),
+        11,
+        "{text}"
+    );
+
+    relay
+        .drain(&relay.publisher().await.unwrap())
+        .await
+        .unwrap();
+    relay.update_tenant_view().await.unwrap();
+    let text = reliability::metrics::render(&metrics);
+    assert!(
+        !text.contains(r#"outbox_tenant_pending{source="tenantview""#),
+        "a drained outbox leaves no tenant series: {text}"
+    );
+    assert!(
+        text.contains(r#"outbox_pending{source="tenantview"} 0"#),
+        "{text}"
+    );
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }

@@ -55,7 +55,7 @@ impl Worker {
         let body = json!({"amount_cents": p.amount_cents, "currency": p.currency, "customer_id": p.customer_id});
         let started = std::time::Instant::now();
         let reply: Reply<ChargeReply> = self.psp.post("/charges", &key, body).await;
-        metrics::histogram!("psp_call_duration_seconds", "call" => "charge")
+        metrics::histogram!(super::PSP_CALL_DURATION, "call" => "charge")
             .record(started.elapsed().as_secs_f64());
         self.fail_points.check(AFTER_PROVIDER)?;
         let outcome = match reply {
