@@ -28,7 +28,7 @@ test-clean: ## drop test databases and queues left by interrupted test runs
 	fi
 	@if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then \
 	  queues=$$(timeout 120 rabbitmqctl -q list_queues name | grep '^reltest\.' || true); \
-	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- delete-queues $$queues; fi; \
+	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- queue delete --yes $$queues; fi; \
 	fi
 
 lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources)

@@ -124,6 +124,25 @@ impl QueueSpec {
     }
 }
 
+/// Whether a topic exchange routes `routing_key` through `binding`
+/// (`*`: exactly one word, `#`: zero or more).
+pub fn topic_matches(binding: &str, routing_key: &str) -> bool {
+    fn go(pattern: &[&str], key: &[&str]) -> bool {
+        match (pattern.first(), key.first()) {
+            (None, None) => true,
+            (Some(&"#"), _) => {
+                go(&pattern[1..], key) || (!key.is_empty() && go(pattern, &key[1..]))
+            }
+            (Some(&"*"), Some(_)) => go(&pattern[1..], &key[1..]),
+            (Some(p), Some(k)) => p == k && go(&pattern[1..], &key[1..]),
+            _ => false,
+        }
+    }
+    let pattern: Vec<&str> = binding.split('.').collect();
+    let key: Vec<&str> = routing_key.split('.').collect();
+    go(&pattern, &key)
+}
+
 /// Declares the exchange, the dead-letter exchange, the queue, its DLQ and
 /// bindings. Idempotent; every consumer runs it on start.
 pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
@@ -607,4 +626,24 @@ pub async fn purge_dead_letters(connection: &Connection, queue: &str) -> Result<
         .await?;
     channel.close(200, "purge done".into()).await?;
     Ok(purged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::topic_matches;
+
+    #[test]
+    fn topic_bindings_match_as_rabbitmq_routes() {
+        assert!(topic_matches("orders.*", "orders.OrderPlaced"));
+        assert!(!topic_matches("orders.*", "inventory.OrderPlaced"));
+        assert!(!topic_matches("orders.*", "orders.a.b"));
+        assert!(topic_matches("orders.#", "orders"));
+        assert!(topic_matches("orders.#", "orders.a.b"));
+        assert!(topic_matches("#", "anything.at.all"));
+        assert!(topic_matches("orders.OrderPlaced", "orders.OrderPlaced"));
+        assert!(!topic_matches(
+            "orders.OrderPlaced",
+            "orders.OrderConfirmed"
+        ));
+    }
 }

@@ -25,6 +25,7 @@ pub mod http;
 pub mod idempotency;
 pub mod maintenance;
 pub mod metrics;
+pub mod ops;
 pub mod outbox;
 pub mod rate_limit;
 pub mod relay;

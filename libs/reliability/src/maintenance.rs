@@ -68,6 +68,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
     let mut report = MaintenanceReport::default();
     let mut errors = Vec::new();
     if let Some(created) = step(
+        owner,
         &mut errors,
         "partitions",
         ensure_archive_partitions(owner, config.months_ahead),
@@ -77,6 +78,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
         report.partitions_created = created;
     }
     if let Some(n) = step(
+        owner,
         &mut errors,
         "archive",
         archive_processed(owner, config.archive_after, config.batch_size),
@@ -86,6 +88,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
         report.archived = n;
     }
     if let Some(dropped) = step(
+        owner,
         &mut errors,
         "drop_partitions",
         drop_old_archive_partitions(owner, config.drop_archive_after),
@@ -95,6 +98,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
         report.partitions_dropped = dropped;
     }
     if let Some(n) = step(
+        owner,
         &mut errors,
         "prune_default",
         prune_default_partition(owner, config.drop_archive_after, config.batch_size),
@@ -104,6 +108,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
         report.default_partition_pruned = n;
     }
     if let Some(n) = step(
+        owner,
         &mut errors,
         "idempotency_keys",
         delete_expired_idempotency_keys(owner, config.batch_size),
@@ -113,6 +118,7 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
         report.expired_keys_deleted = n;
     }
     if let Some(n) = step(
+        owner,
         &mut errors,
         "processed_messages",
         forget_processed_messages(owner, config.forget_processed_after, config.batch_size),
@@ -132,11 +138,27 @@ pub async fn run_once(owner: &PgPool, config: &MaintenanceConfig) -> Result<Main
 
 /// Runs one step: its outcome in the metrics, its error in `errors`.
 async fn step<T>(
+    owner: &PgPool,
     errors: &mut Vec<(String, String)>,
     name: &'static str,
     job: impl Future<Output = Result<T>>,
 ) -> Option<T> {
-    match job.await {
+    let outcome = job.await;
+    let error = outcome.as_ref().err().map(ToString::to_string);
+    // Best effort: a database that failed the step may fail this too.
+    let _ = sqlx::query(
+        "INSERT INTO maintenance_runs AS r (step, last_success_at, last_failure_at, last_error)
+         VALUES ($1, CASE WHEN $2::text IS NULL THEN now() END, CASE WHEN $2::text IS NOT NULL THEN now() END, $2)
+         ON CONFLICT (step) DO UPDATE SET
+           last_success_at = COALESCE(EXCLUDED.last_success_at, r.last_success_at),
+           last_failure_at = COALESCE(EXCLUDED.last_failure_at, r.last_failure_at),
+           last_error = COALESCE(EXCLUDED.last_error, r.last_error)",
+    )
+    .bind(name)
+    .bind(error.as_deref())
+    .execute(owner)
+    .await;
+    match outcome {
         Ok(t) => {
             let now = Utc::now().timestamp() as f64;
             metrics::gauge!(crate::metrics::MAINTENANCE_LAST_SUCCESS, "step" => name).set(now);
@@ -149,6 +171,24 @@ async fn step<T>(
             None
         }
     }
+}
+
+/// A maintenance step's last success and failure (operators' view).
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct StepRun {
+    pub step: String,
+    pub last_success_at: Option<chrono::DateTime<Utc>>,
+    pub last_failure_at: Option<chrono::DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// Every step's last runs, as the owner role.
+pub async fn last_runs(owner: &PgPool) -> Result<Vec<StepRun>> {
+    Ok(sqlx::query_as(
+        "SELECT step, last_success_at, last_failure_at, last_error FROM maintenance_runs ORDER BY step",
+    )
+    .fetch_all(owner)
+    .await?)
 }
 
 /// Runs every job each `config.interval` until `shutdown`.

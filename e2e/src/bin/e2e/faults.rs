@@ -454,12 +454,18 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     run.cluster.start("projection-consumer", None)?;
     let out = run_cmd(
         bin("reliability").to_str().unwrap_or("reliability"),
-        &["dlq-redrive", "--queue", &format!("{PREFIX}{PROJECTION}")],
+        &[
+            "queue",
+            "dlq",
+            "redrive",
+            "--yes",
+            &format!("{PREFIX}{PROJECTION}"),
+        ],
     )
     .await?;
     anyhow::ensure!(
         out.status.success(),
-        "reliability dlq-redrive: {}",
+        "reliability queue dlq redrive: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let dbs = &run.dbs;
@@ -496,7 +502,7 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     violations.extend(dlq_metrics(run).await?);
     Ok((
         format!(
-            "malformed + v99 published; projection handler failing (consumer.handler=error*): {} events dead-lettered, then `reliability dlq-redrive`",
+            "malformed + v99 published; projection handler failing (consumer.handler=error*): {} events dead-lettered, then `reliability queue dlq redrive`",
             events - before
         ),
         violations,

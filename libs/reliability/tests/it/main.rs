@@ -3,6 +3,7 @@
 //! and its own exchange and queues.
 
 mod auth;
+mod cli;
 mod consumer;
 mod idempotency;
 mod maintenance;

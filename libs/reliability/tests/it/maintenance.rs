@@ -308,5 +308,15 @@ async fn a_failing_step_does_not_keep_the_others_from_running() {
         ["partitions"]
     );
     assert_eq!(report.expired_keys_deleted, 1, "a later step still ran");
+    // What `reliability status` shows: the failed step's error, the others' success.
+    let runs = maintenance::last_runs(&db.owner).await.unwrap();
+    let partitions = runs.iter().find(|r| r.step == "partitions").unwrap();
+    assert!(partitions.last_success_at.is_none() && partitions.last_failure_at.is_some());
+    assert!(partitions.last_error.is_some(), "{partitions:?}");
+    let keys = runs.iter().find(|r| r.step == "idempotency_keys").unwrap();
+    assert!(
+        keys.last_success_at.is_some() && keys.last_failure_at.is_none(),
+        "{keys:?}"
+    );
     db.cleanup().await;
 }

@@ -1,0 +1,130 @@
+//! The operator's views over the whole running system: `reliability
+//! status` and `reliability explain order` (the CLI prints exactly these).
+
+use std::time::Duration;
+
+use e2e::Stack;
+use reliability::TenantId;
+use reliability::ops::{self, explain, status};
+use reliability::testing::wait_until;
+
+async fn estate(stack: &Stack) -> ops::Estate {
+    ops::Estate {
+        databases: vec![
+            ("orders".into(), stack.dbs.orders.owner.clone()),
+            ("inventory".into(), stack.dbs.inventory.owner.clone()),
+            ("payments".into(), stack.dbs.payments.owner.clone()),
+            ("projection".into(), stack.dbs.projection.owner.clone()),
+        ],
+        broker: Some(
+            reliability::broker::connect(&stack.common.amqp_url, "operator-test")
+                .await
+                .unwrap(),
+        ),
+        queue_prefix: stack.common.queue_prefix.clone(),
+        subscriptions: contracts::topology::ALL,
+        management_url: None,
+    }
+}
+
+const ORDER_TABLES: &[(&str, &str)] = &[
+    ("orders", "orders"),
+    ("inventory", "reservations"),
+    ("payments", "payments"),
+    ("projection", "order_views"),
+];
+
+#[tokio::test]
+async fn explain_follows_an_order_through_every_service_and_names_where_it_is_stuck() {
+    let stack = Stack::start().await.unwrap();
+    let estate = estate(&stack).await;
+    let tenant = TenantId::new(1).unwrap();
+    stack.stock(1, "SKU-X", 5).await;
+    let order_id = stack.order(1, "c-x", "SKU-X", 1).await;
+    stack.settled(1, order_id).await;
+
+    // Settled: every event the order caused reached every subscriber.
+    wait_until(Duration::from_secs(20), "nothing stuck", || async {
+        explain::explain(&estate, tenant, "order_id", order_id, ORDER_TABLES)
+            .await
+            .unwrap()
+            .stuck
+            .is_none()
+    })
+    .await;
+    let e = explain::explain(&estate, tenant, "order_id", order_id, ORDER_TABLES)
+        .await
+        .unwrap();
+    let tables: Vec<(&str, &str)> = e
+        .rows
+        .iter()
+        .map(|r| (r.service.as_str(), r.table.as_str()))
+        .collect();
+    assert_eq!(tables, ORDER_TABLES, "one row per service: {e:?}");
+    assert_eq!(e.rows[0].row["status"], "confirmed");
+    let types: Vec<&str> = e.events.iter().map(|ev| ev.event_type.as_str()).collect();
+    for wanted in [
+        "OrderPlaced",
+        "InventoryReserved",
+        "PaymentCaptured",
+        "OrderConfirmed",
+    ] {
+        assert!(types.contains(&wanted), "{types:?}");
+    }
+    let placed = e
+        .events
+        .iter()
+        .find(|ev| ev.event_type == "OrderPlaced")
+        .unwrap();
+    let mut consumers: Vec<&str> = placed
+        .deliveries
+        .iter()
+        .map(|d| d.consumer.as_str())
+        .collect();
+    consumers.sort_unstable();
+    assert_eq!(consumers, ["inventory.stock", "projection.views"]);
+    assert!(placed.deliveries.iter().all(|d| d.state == "applied"));
+
+    // An event of this order that exhausted its attempts: explain names it
+    // and where it is; status lists the DLQ row as a problem.
+    let stuck_id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_messages_dlq
+           (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers,
+            occurred_at, attempts, last_error)
+         VALUES (999999, 1, 'order', $1::text, 'OrderCancelled', 1,
+                 jsonb_build_object('order_id', $1, 'reason', 'test'), '{}', now(), 10, 'unroutable')
+         RETURNING id",
+    )
+    .bind(order_id)
+    .fetch_one(&stack.dbs.orders.owner)
+    .await
+    .unwrap();
+    let e = explain::explain(&estate, tenant, "order_id", order_id, ORDER_TABLES)
+        .await
+        .unwrap();
+    let why = e.stuck.expect("stuck");
+    assert!(
+        why.contains(&format!("OrderCancelled orders#{stuck_id}")) && why.contains("outbox DLQ"),
+        "{why}"
+    );
+    let s = status::status(&estate).await;
+    assert!(
+        s.problems
+            .iter()
+            .any(|p| p.starts_with("orders: 1 outbox row(s) in the DLQ table")),
+        "{:?}",
+        s.problems
+    );
+    // Each consumer is attached, with nothing waiting.
+    for line in &s.consumers {
+        assert!(line.consumers.unwrap_or(0) > 0, "{line:?}");
+        assert_eq!(line.dlq, Some(0), "{line:?}");
+    }
+    let projection = s
+        .consumers
+        .iter()
+        .find(|c| c.consumer == "projection.views")
+        .unwrap();
+    assert!(projection.applied.unwrap_or(0) >= 4, "{projection:?}");
+    stack.stop().await;
+}

@@ -1,0 +1,142 @@
+//! `queue …`: a consumer's queue and its dead letters on the broker.
+
+use clap::Subcommand;
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use reliability::broker;
+
+use crate::outbox::done;
+use crate::render::print;
+use crate::target::Confirm;
+
+#[derive(Subcommand)]
+pub enum QueueCommand {
+    /// A consumer queue's dead letters (its `.dlq`).
+    Dlq {
+        #[command(subcommand)]
+        command: QueueDlq,
+    },
+    /// Delete queues (each with its `.dlq`), e.g. leftovers of interrupted
+    /// test runs.
+    Delete {
+        /// Queue names.
+        #[arg(required = true)]
+        queues: Vec<String>,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum QueueDlq {
+    /// List dead letters (each is put back).
+    List {
+        /// The consumer's queue, e.g. inventory.stock.
+        queue: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Move dead letters back onto the consumer's queue.
+    Redrive {
+        /// The consumer's queue.
+        queue: String,
+        /// At most this many.
+        #[arg(long, default_value_t = usize::MAX)]
+        limit: usize,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Delete them for good.
+    Purge {
+        /// The consumer's queue.
+        queue: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+/// Messages in `queue`, or None if it does not exist.
+async fn depth(conn: &lapin::Connection, queue: &str) -> anyhow::Result<Option<u32>> {
+    let channel = conn.create_channel().await?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    Ok(declared.ok().map(|q| q.message_count()))
+}
+
+pub async fn run(
+    conn: &lapin::Connection,
+    command: QueueCommand,
+    json: bool,
+) -> anyhow::Result<()> {
+    match command {
+        QueueCommand::Dlq { command } => match command {
+            QueueDlq::List { queue, limit } => {
+                print(json, &broker::peek_dead_letters(conn, &queue, limit).await?)
+            }
+            QueueDlq::Redrive {
+                queue,
+                limit,
+                confirm,
+            } => {
+                let dlq = broker::dead_letter_queue(&queue);
+                let matched = depth(conn, &dlq).await?.unwrap_or(0).min(limit as u32);
+                let action = format!("move {matched} message(s) from {dlq} onto {queue}");
+                let changed = match confirm.proceed(&action)? {
+                    true => broker::redrive_dead_letters(conn, &queue, limit).await? as u64,
+                    false => 0,
+                };
+                done(json, action, u64::from(matched), changed, confirm)
+            }
+            QueueDlq::Purge { queue, confirm } => {
+                let dlq = broker::dead_letter_queue(&queue);
+                let matched = depth(conn, &dlq).await?.unwrap_or(0);
+                let action = format!("delete {matched} message(s) of {dlq} for good");
+                let changed = match confirm.proceed(&action)? {
+                    true => u64::from(broker::purge_dead_letters(conn, &queue).await?),
+                    false => 0,
+                };
+                done(json, action, u64::from(matched), changed, confirm)
+            }
+        },
+        QueueCommand::Delete { queues, confirm } => {
+            let mut names = Vec::new();
+            let mut messages = 0;
+            for q in &queues {
+                for name in [q.clone(), broker::dead_letter_queue(q)] {
+                    if names.contains(&name) {
+                        continue;
+                    }
+                    if let Some(n) = depth(conn, &name).await? {
+                        messages += n;
+                        names.push(name);
+                    }
+                }
+            }
+            let action = format!(
+                "delete {} queue(s) holding {messages} message(s): {}",
+                names.len(),
+                names.join(" ")
+            );
+            let mut changed = 0;
+            if confirm.proceed(&action)? {
+                let channel = conn.create_channel().await?;
+                for name in &names {
+                    channel
+                        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                        .await?;
+                    changed += 1;
+                }
+            }
+            done(json, action, names.len() as u64, changed, confirm)
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! Operators' views across every service at once: [`status`] (what is
+//! stuck, where, since when) and [`explain`] (one business key's path
+//! through every service). The `reliability` CLI prints them; tests call
+//! them directly.
+
+use sqlx::PgPool;
+
+use contracts::topology::Subscription;
+
+pub mod explain;
+pub mod status;
+
+/// Where the views look.
+pub struct Estate {
+    /// Each service's database, as the owner role (reads every tenant).
+    pub databases: Vec<(String, PgPool)>,
+    /// The broker; without it, queue columns stay empty.
+    pub broker: Option<lapin::Connection>,
+    /// Prefix of every consumer queue name, as the services were given it.
+    pub queue_prefix: String,
+    /// The consumers to report on.
+    pub subscriptions: &'static [Subscription],
+    /// RabbitMQ's management API (`http://user:pass@host:15672`), for
+    /// unacked counts, which AMQP does not report.
+    pub management_url: Option<String>,
+}
+
+impl Estate {
+    /// The database of the service that owns `consumer` (`inventory.stock`
+    /// lives in `inventory`).
+    fn consumer_db(&self, consumer: &str) -> Option<&PgPool> {
+        let service = consumer.split('.').next()?;
+        self.database(service)
+    }
+
+    fn database(&self, service: &str) -> Option<&PgPool> {
+        self.databases
+            .iter()
+            .find(|(name, _)| name == service)
+            .map(|(_, pool)| pool)
+    }
+
+    fn queue(&self, consumer: &str) -> String {
+        format!("{}{consumer}", self.queue_prefix)
+    }
+}

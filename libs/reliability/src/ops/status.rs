@@ -1,0 +1,204 @@
+//! `reliability status`: per service the outbox, per consumer its queue,
+//! DLQ and last apply, per maintenance step its last run; and the problems
+//! among them, named.
+
+use chrono::{DateTime, Utc};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use serde::Serialize;
+
+use super::Estate;
+use crate::{Result, broker, maintenance, relay};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub outbox: Vec<OutboxLine>,
+    pub consumers: Vec<ConsumerLine>,
+    pub maintenance: Vec<MaintenanceLine>,
+    /// What needs an operator, one sentence each; empty when all is well.
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxLine {
+    pub service: String,
+    #[serde(flatten)]
+    pub status: Option<relay::OutboxStatus>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConsumerLine {
+    pub consumer: String,
+    pub queue: String,
+    /// Messages ready: the consumer's lag.
+    pub ready: Option<u32>,
+    pub unacked: Option<u64>,
+    /// Processes (lanes) attached.
+    pub consumers: Option<u32>,
+    pub dlq: Option<u32>,
+    pub last_applied_at: Option<DateTime<Utc>>,
+    pub applied: Option<i64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MaintenanceLine {
+    pub service: String,
+    #[serde(flatten)]
+    pub run: maintenance::StepRun,
+}
+
+/// Past this age, pending outbox rows are a problem.
+const OUTBOX_LAG_PROBLEM_SECS: f64 = 60.0;
+
+pub async fn status(estate: &Estate) -> Status {
+    let mut problems = Vec::new();
+    let mut outbox = Vec::new();
+    let mut runs = Vec::new();
+    for (service, pool) in &estate.databases {
+        let (status, error) = match relay::outbox_status(pool).await {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        match (&status, &error) {
+            (_, Some(e)) => problems.push(format!("{service}: database unreachable: {e}")),
+            (Some(s), None) => {
+                if s.dlq > 0 {
+                    problems.push(format!(
+                        "{service}: {} outbox row(s) in the DLQ table (reliability outbox dlq list --service {service})",
+                        s.dlq
+                    ));
+                }
+                if s.oldest_pending_seconds.unwrap_or(0.0) > OUTBOX_LAG_PROBLEM_SECS {
+                    problems.push(format!(
+                        "{service}: {} row(s) pending, the oldest {:.0} s: is its relay running?",
+                        s.pending,
+                        s.oldest_pending_seconds.unwrap_or(0.0)
+                    ));
+                }
+            }
+            (None, None) => {}
+        }
+        outbox.push(OutboxLine {
+            service: service.clone(),
+            status,
+            error,
+        });
+        if let Ok(steps) = maintenance::last_runs(pool).await {
+            for run in steps {
+                if run.last_failure_at > run.last_success_at {
+                    problems.push(format!(
+                        "{service}: maintenance step {} failed last: {}",
+                        run.step,
+                        run.last_error.as_deref().unwrap_or("?")
+                    ));
+                }
+                runs.push(MaintenanceLine {
+                    service: service.clone(),
+                    run,
+                });
+            }
+        }
+    }
+    let mut consumers = Vec::new();
+    for sub in estate.subscriptions {
+        let line = consumer_line(estate, sub.consumer).await;
+        if let Some(e) = &line.error {
+            problems.push(format!("{}: {e}", line.consumer));
+        }
+        if line.dlq.unwrap_or(0) > 0 {
+            problems.push(format!(
+                "{}: {} dead-lettered message(s) (reliability queue dlq list {})",
+                line.consumer,
+                line.dlq.unwrap_or(0),
+                line.queue
+            ));
+        }
+        if line.consumers == Some(0) && line.ready.unwrap_or(0) > 0 {
+            problems.push(format!(
+                "{}: {} message(s) waiting and no consumer attached",
+                line.consumer,
+                line.ready.unwrap_or(0)
+            ));
+        }
+        consumers.push(line);
+    }
+    Status {
+        outbox,
+        consumers,
+        maintenance: runs,
+        problems,
+    }
+}
+
+async fn consumer_line(estate: &Estate, consumer: &str) -> ConsumerLine {
+    let mut line = ConsumerLine {
+        consumer: consumer.to_owned(),
+        queue: estate.queue(consumer),
+        ..ConsumerLine::default()
+    };
+    if let Some(pool) = estate.consumer_db(consumer) {
+        let progress: std::result::Result<(Option<DateTime<Utc>>, Option<i64>), _> =
+            sqlx::query_as(
+                "SELECT max(updated_at), sum(applied_count)::bigint FROM consumer_offsets WHERE consumer = $1",
+            )
+            .bind(consumer)
+            .fetch_one(pool)
+            .await;
+        if let Ok((at, applied)) = progress {
+            (line.last_applied_at, line.applied) = (at, applied);
+        }
+    }
+    if let Some(conn) = &estate.broker {
+        match declared(conn, &line.queue).await {
+            Ok((ready, consumers)) => (line.ready, line.consumers) = (Some(ready), Some(consumers)),
+            Err(e) => line.error = Some(format!("queue {}: {e}", line.queue)),
+        }
+        let dlq = broker::dead_letter_queue(&line.queue);
+        line.dlq = declared(conn, &dlq).await.ok().map(|(ready, _)| ready);
+    }
+    if let Some(url) = &estate.management_url {
+        line.unacked = unacked(url, &line.queue).await;
+    }
+    line
+}
+
+/// A queue's ready count and consumers, without creating it (a missing
+/// queue is an error: its events are being dropped by the exchange).
+async fn declared(conn: &lapin::Connection, queue: &str) -> Result<(u32, u32)> {
+    // A failed passive declare closes its channel: one channel per look.
+    let channel = broker::bounded(conn.create_channel()).await?;
+    let q = broker::bounded(channel.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        },
+        FieldTable::default(),
+    ))
+    .await?;
+    let _ = channel.close(200, "status".into()).await;
+    Ok((q.message_count(), q.consumer_count()))
+}
+
+/// `messages_unacknowledged` from the management API, if it answers.
+async fn unacked(management_url: &str, queue: &str) -> Option<u64> {
+    let base = reqwest::Url::parse(management_url).ok()?;
+    let mut url = base.clone();
+    url.set_username("").ok()?;
+    url.set_password(None).ok()?;
+    url.path_segments_mut()
+        .ok()?
+        .pop_if_empty()
+        .extend(["api", "queues", "/", queue]);
+    let reply = reqwest::Client::new()
+        .get(url)
+        .basic_auth(base.username(), base.password())
+        .timeout(std::time::Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    let body: serde_json::Value = reply.error_for_status().ok()?.json().await.ok()?;
+    body["messages_unacknowledged"].as_u64()
+}
