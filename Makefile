@@ -1,6 +1,9 @@
 # Commerce reliability monorepo. `make help` lists the targets.
 
 SHELL := /bin/bash
+# make deps writes .env (git-ignored) where PostgreSQL asks for passwords.
+-include .env
+export PG_PORT ADMIN_DATABASE_URL DB_ROLE_PASSWORD
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
@@ -67,8 +70,8 @@ demo: ## place a few orders on the running stack and show how each ends
 doctor: ## check every prerequisite of make up / make test and print the fix for each missing one
 	@scripts/doctor.sh
 
-deps: ## install the servers and tools on Debian (needs root)
-	apt-get update && apt-get install -y postgresql rabbitmq-server jq curl openssl
+deps: ## install what is missing (packages, rustup), start PostgreSQL and RabbitMQ, set up local auth (.env); root or sudo
+	scripts/deps.sh
 
 fuzz-api: ## schemathesis (every check) against the running stack's OpenAPI documents (make up first)
 	scripts/fuzz-api.sh

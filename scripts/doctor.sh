@@ -3,10 +3,12 @@
 # prints the exact fix for each one that is missing. Changes nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# make deps writes .env where PostgreSQL asks for passwords.
+if [[ -f .env ]]; then set -a; . ./.env; set +a; fi
 
-ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}}
 PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
+ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/postgres}
 AMQP_HOST=${AMQP_HOST:-127.0.0.1}
 AMQP_PORT=${AMQP_PORT:-5672}
 MIN_RUST=1.94
@@ -40,7 +42,7 @@ if ! has pg_isready || ! pg_isready -h "$PG_HOST" -p "$PG_PORT" -q; then
 else
   ok "accepting connections"
   if err=$(psql "$ADMIN_DATABASE_URL" -Atc 'SELECT 1' 2>&1 >/dev/null); then
-    ok "admin connection ($ADMIN_DATABASE_URL)"
+    ok "admin connection ($(echo "$ADMIN_DATABASE_URL" | sed -E 's#(//[^:/@]+):[^@]*@#\1:***@#'))"
     if psql "$ADMIN_DATABASE_URL" -Atc "SELECT rolsuper FROM pg_roles WHERE rolname = current_user" | grep -q t; then
       ok "the admin connection is a superuser (it creates the roles and databases)"
     else
@@ -50,17 +52,17 @@ else
     case $err in
       *password*|*authentication*)
         bad "PostgreSQL asks for a password ($(echo "$err" | head -1))" \
-            "put the password in the URL (ADMIN_DATABASE_URL=postgres://postgres:PASSWORD@127.0.0.1:5432/postgres), or allow local trust: add 'host all all 127.0.0.1/32 trust' before the other host lines of pg_hba.conf, then pg_ctlcluster --skip-systemctl-redirect VERSION main reload" ;;
+            "make deps (sets passwords for the superuser and the stack's roles and keeps them in the git-ignored .env that make up reads); or put yours in .env: ADMIN_DATABASE_URL=postgres://postgres:PASSWORD@$PG_HOST:$PG_PORT/postgres and DB_ROLE_PASSWORD=..." ;;
       *) bad "cannot connect as the admin: $(echo "$err" | head -1)" "check ADMIN_DATABASE_URL / DATABASE_URL" ;;
     esac
   fi
   # The stack's own roles log in without a password unless .env gives one.
   if psql "$ADMIN_DATABASE_URL" -Atc "SELECT 1 FROM pg_roles WHERE rolname = 'commerce_app'" 2>/dev/null | grep -q 1; then
-    if err=$(psql "postgres://commerce_app@$PG_HOST:$PG_PORT/postgres" -Atc 'SELECT 1' 2>&1 >/dev/null); then
+    if err=$(PGPASSWORD=${DB_ROLE_PASSWORD:-} psql "postgres://commerce_app@$PG_HOST:$PG_PORT/postgres" -Atc 'SELECT 1' 2>&1 >/dev/null); then
       ok "the stack's roles can log in"
     else
       bad "commerce_app cannot log in: $(echo "$err" | head -1)" \
-          "allow local trust for the stack's roles, or give them passwords in the URLs (APP_DATABASE_URL, RELAY_DATABASE_URL, OWNER_DATABASE_URL)"
+          "set DB_ROLE_PASSWORD in .env and run make up (reliability setup gives the roles that password), or allow local trust for them in pg_hba.conf"
     fi
   else
     ok "the stack's roles are not created yet (make up creates them)"

@@ -4,12 +4,14 @@
 # recorded pid), `logs` follows the logs, `status` shows what runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# make deps writes .env where PostgreSQL asks for passwords.
+if [[ -f .env ]]; then set -a; . ./.env; set +a; fi
 
 RUN=.run
-ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
+ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/postgres}
+AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 PROFILE=${PROFILE:-debug}
 export AMQP_URL JWT_SECRET=${JWT_SECRET:-dev-secret-change-me}
 export ORDERS_DATABASE_URL=${ORDERS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/orders}

@@ -99,9 +99,41 @@ pub async fn ensure_database(superuser: &PgPool, database: &str) -> Result<()> {
     Ok(())
 }
 
-/// Connection options for `role` on `base`'s server and database.
+/// The stack's roles' password, where PostgreSQL asks for one (`make deps`
+/// writes it to `.env`); unset or empty: none (trust or peer).
+pub const ROLE_PASSWORD_ENV: &str = "DB_ROLE_PASSWORD";
+
+fn role_password() -> Option<String> {
+    std::env::var(ROLE_PASSWORD_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+}
+
+/// Connection options for `role` on `base`'s server and database, with
+/// `DB_ROLE_PASSWORD` when set (never `base`'s password: that is another role's).
 pub fn options_for_role(base: &PgConnectOptions, role: &str) -> PgConnectOptions {
-    base.clone().username(role)
+    let options = base.clone().username(role);
+    match role_password() {
+        Some(password) => options.password(&password),
+        None => options,
+    }
+}
+
+/// Gives the three roles `DB_ROLE_PASSWORD`, when it is set.
+pub async fn set_role_passwords(superuser: &PgPool) -> Result<bool> {
+    let Some(password) = role_password() else {
+        return Ok(false);
+    };
+    for role in [OWNER_ROLE, APP_ROLE, RELAY_ROLE] {
+        // ALTER ROLE takes no bind parameters: quote it server-side.
+        let sql: String = sqlx::query_scalar("SELECT format('ALTER ROLE %I PASSWORD %L', $1, $2)")
+            .bind(role)
+            .bind(&password)
+            .fetch_one(superuser)
+            .await?;
+        superuser.execute(sqlx::AssertSqlSafe(sql)).await?;
+    }
+    Ok(true)
 }
 
 /// A pool with the settings every service uses.
