@@ -83,10 +83,11 @@ check-compose: ## validate the compose stack (docker compose config where availa
 new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085]
 	scripts/new-service.sh "$(NAME)" $(PORT)
 
-template-check: ## generate a throwaway service, run its tests, remove it (CI)
+template-check: ## generate a throwaway service, lint it (rustfmt, clippy -D warnings), run its tests, remove it (CI)
 	@git diff --quiet -- scripts/stack.sh compose Cargo.lock || { echo "template-check needs a clean scripts/stack.sh, compose/ and Cargo.lock" >&2; exit 1; }
 	scripts/new-service.sh tmplcheck
-	status=0; cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
+	status=0; cargo fmt -p tmplcheck -- --check && cargo clippy -p tmplcheck --all-targets --all-features --locked -- -D warnings \
+	  && cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status
 
 openapi: ## write each service's OpenAPI document to target/openapi/ and validate it

@@ -51,6 +51,8 @@ prom.write_text(prom.read_text().replace('"projection:8084"', f'"projection:8084
 PY
 # The new workspace member enters Cargo.lock (no dependency changes).
 cargo update --workspace --quiet
+# Line widths depend on the name: format the new crate as the house does.
+cargo fmt -p "$name"
 
 cat <<MSG
 Created services/$name (port $port) and migrations/$name.

@@ -4,8 +4,8 @@
 //! event changes (`lock_key`: events of one item take turns), and which
 //! rows it shares with other aggregates (`prepare`: none here).
 
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
 use reliability::broker::Subscription;
+use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
 use reliability::outbox::Envelope;
 use reliability::{TenantTx, service::CommonSettings};
 
@@ -38,7 +38,9 @@ impl Handler for Audit {
         if e.event_type != ITEM_CREATED {
             return Ok(());
         }
-        let item_id = e.payload["item_id"].as_i64().ok_or_else(|| HandlerError::Permanent("no item_id".into()))?;
+        let item_id = e.payload["item_id"]
+            .as_i64()
+            .ok_or_else(|| HandlerError::Permanent("no item_id".into()))?;
         sqlx::query("INSERT INTO item_audit (tenant_id, item_id) VALUES ($1, $2)")
             .bind(tx.tenant().get())
             .bind(item_id)

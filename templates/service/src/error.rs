@@ -26,7 +26,11 @@ impl From<sqlx::Error> for Error {
 impl Error {
     pub fn api(&self) -> ApiError {
         match self {
-            Self::Invalid(msg) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_item", msg.clone()),
+            Self::Invalid(msg) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_item",
+                msg.clone(),
+            ),
             Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "item not found"),
             Self::Internal(e) => ApiError::failure(e),
         }

@@ -1,9 +1,9 @@
 //! `POST /items` and `GET /items/{item_id}`, and the SQL they own.
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
@@ -22,7 +22,10 @@ use crate::Error;
 pub const ITEM_CREATED: &str = "ItemCreated";
 
 pub fn router(state: ApiState) -> OpenApiRouter {
-    OpenApiRouter::new().routes(routes!(create_item)).routes(routes!(get_item)).with_state(state)
+    OpenApiRouter::new()
+        .routes(routes!(create_item))
+        .routes(routes!(get_item))
+        .with_state(state)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -42,7 +45,9 @@ pub struct ItemView {
     responses((status = 201, description = "the item", body = ItemView)))]
 async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error> {
     if !(1..=100).contains(&req.body.name.chars().count()) {
-        return Ok(req.reject(Error::Invalid("name must be 1 to 100 characters".into()).api()).await?);
+        return Ok(req
+            .reject(Error::Invalid("name must be 1 to 100 characters".into()).api())
+            .await?);
     }
     let tenant = req.tenant().get();
     let (body, tx) = req.parts();
@@ -53,7 +58,12 @@ async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error>
     .bind(&body.name)
     .fetch_one(&mut **tx)
     .await?;
-    let event = NewEvent::new("item", item.item_id, ITEM_CREATED, &serde_json::json!({"item_id": item.item_id, "name": item.name}))?;
+    let event = NewEvent::new(
+        "item",
+        item.item_id,
+        ITEM_CREATED,
+        &serde_json::json!({"item_id": item.item_id, "name": item.name}),
+    )?;
     outbox::enqueue(req.tx(), &event).await?;
     Ok(req.complete(StatusCode::CREATED, &item).await?)
 }
@@ -61,7 +71,11 @@ async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error>
 #[utoipa::path(get, path = "/items/{item_id}", tag = "items",
     params(("item_id" = String, Path, description = "the item's id")),
     responses((status = 200, description = "the item", body = ItemView)))]
-async fn get_item(tenant: TenantId, State(pool): State<PgPool>, Path(item_id): Path<String>) -> Result<Json<ItemView>, Error> {
+async fn get_item(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Path(item_id): Path<String>,
+) -> Result<Json<ItemView>, Error> {
     let item_id: i64 = item_id.parse().map_err(|_| Error::NotFound)?;
     let mut tx = TenantTx::begin(&pool, tenant).await?;
     let item = sqlx::query_as("SELECT item_id, name, created_at FROM items WHERE item_id = $1")

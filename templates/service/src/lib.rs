@@ -11,7 +11,9 @@ pub mod http;
 
 use clap::Parser;
 use reliability::consumer::Consumer;
-use reliability::service::{self, Application, CommonSettings, Databases, Role, ServiceSpec, ShutdownToken};
+use reliability::service::{
+    self, Application, CommonSettings, Databases, Role, ServiceSpec, ShutdownToken,
+};
 use sqlx::migrate::Migrator;
 
 pub use error::Error;
@@ -31,7 +33,11 @@ pub struct Settings {
     #[arg(long, env = "__ENV___PORT", default_value_t = __PORT__)]
     pub port: u16,
     /// This service's database (roles are set per connection).
-    #[arg(long, env = "__ENV___DATABASE_URL", default_value = "postgres://127.0.0.1:5432/__SERVICE__")]
+    #[arg(
+        long,
+        env = "__ENV___DATABASE_URL",
+        default_value = "postgres://127.0.0.1:5432/__SERVICE__"
+    )]
     pub database_url: String,
     #[command(flatten)]
     pub common: CommonSettings,
@@ -39,20 +45,29 @@ pub struct Settings {
 
 /// Starts what `settings.role` asks for on `dbs`: a service's own pools
 /// (`Databases::connect_lazy`) or a test's database.
-pub async fn build(settings: Settings, dbs: Databases, shutdown: ShutdownToken) -> anyhow::Result<Application> {
+pub async fn build(
+    settings: Settings,
+    dbs: Databases,
+    shutdown: ShutdownToken,
+) -> anyhow::Result<Application> {
     let common = &settings.common;
     let spec = ServiceSpec {
-            name: SOURCE,
-            role: settings.role,
-            port: settings.port,
-            common,
-            migrations: &MIGRATIONS,
-            routes: http::router,
-            subscriptions: &[audit::SUBSCRIPTION],
-        };
+        name: SOURCE,
+        role: settings.role,
+        port: settings.port,
+        common,
+        migrations: &MIGRATIONS,
+        routes: http::router,
+        subscriptions: &[audit::SUBSCRIPTION],
+    };
     let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
-            tasks.spawn_consumer(Consumer::new(dbs.app.clone(), &common.amqp_url, audit::consumer_config(common)?, audit::Audit));
-            Ok(())
+        tasks.spawn_consumer(Consumer::new(
+            dbs.app.clone(),
+            &common.amqp_url,
+            audit::consumer_config(common)?,
+            audit::Audit,
+        ));
+        Ok(())
     })
     .await?;
     Ok(app)

@@ -9,7 +9,8 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&api)?);
         return Ok(());
     }
-    let dbs = reliability::service::Databases::connect_lazy(&settings.database_url, &settings.common)?;
+    let dbs =
+        reliability::service::Databases::connect_lazy(&settings.database_url, &settings.common)?;
     let app = __SERVICE__::build(settings, dbs, reliability::shutdown::token()).await?;
     Ok(app.run_until_stopped().await?)
 }

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use __SERVICE__::{Settings, build};
 use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
+use __SERVICE__::{Settings, build};
 
 struct TestApp {
     api: ApiClient,
@@ -25,23 +25,37 @@ impl TestApp {
         let jwt = common.jwt_keys();
         let common_prefix = common.queue_prefix.clone();
         let exchange = common.exchange.clone();
-        let settings = Settings { role: Role::All, port: 0, database_url: String::new(), common };
+        let settings = Settings {
+            role: Role::All,
+            port: 0,
+            database_url: String::new(),
+            common,
+        };
         let stop = ShutdownToken::new();
         let app = build(settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         let queue = format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER);
         reliability::testing::wait_for_queues(std::slice::from_ref(&queue)).await;
-        Self { api, db, stop, queue, exchange }
+        Self {
+            api,
+            db,
+            stop,
+            queue,
+            exchange,
+        }
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.db.owner).await.unwrap()
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db.owner)
+            .await
+            .unwrap()
     }
 
     async fn stop(self) {
         self.stop.cancel();
-        reliability::testing::delete_broker_objects(&[self.queue.clone()], &self.exchange).await;
+        reliability::testing::delete_broker_objects(std::slice::from_ref(&self.queue), &self.exchange).await;
         self.db.cleanup().await;
     }
 }
@@ -51,10 +65,19 @@ async fn an_item_is_created_once_per_key_and_audited_once() {
     let app = Arc::new(TestApp::spawn().await);
     let answers = futures_util::future::join_all((0..10).map(|_| {
         let app = app.clone();
-        async move { app.api.post(1, "/items", "item-key", r#"{"name": "first"}"#).await }
+        async move {
+            app.api
+                .post(1, "/items", "item-key", r#"{"name": "first"}"#)
+                .await
+        }
     }))
     .await;
-    assert!(answers.iter().all(|(status, _, _)| *status == 201 || *status == 425), "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _, _)| *status == 201 || *status == 425),
+        "{answers:?}"
+    );
     assert_eq!(app.count("SELECT count(*) FROM items").await, 1);
     let item_id = answers.iter().find(|a| a.0 == 201).unwrap().2["item_id"].clone();
 
@@ -64,7 +87,10 @@ async fn an_item_is_created_once_per_key_and_audited_once() {
     assert_eq!(status, 404, "another tenant cannot see it");
 
     // The relay publishes ItemCreated; the consumer records it once.
-    wait_until(Duration::from_secs(20), "item audited", || async { app.count("SELECT count(*) FROM item_audit").await == 1 }).await;
+    wait_until(Duration::from_secs(20), "item audited", || async {
+        app.count("SELECT count(*) FROM item_audit").await == 1
+    })
+    .await;
     Arc::into_inner(app).unwrap().stop().await;
 }
 
@@ -72,7 +98,10 @@ async fn an_item_is_created_once_per_key_and_audited_once() {
 async fn an_invalid_item_gets_422_and_writes_nothing() {
     let app = TestApp::spawn().await;
     let (status, _, err) = app.api.post(1, "/items", "bad", r#"{"name": ""}"#).await;
-    assert_eq!((status, err["error"]["code"].as_str()), (422, Some("invalid_item")));
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (422, Some("invalid_item"))
+    );
     let (status, _, _) = app.api.post(1, "/items", "bad2", r#"{"name": 7}"#).await;
     assert_eq!(status, 422);
     assert_eq!(app.count("SELECT count(*) FROM items").await, 0);
@@ -85,8 +114,16 @@ async fn an_invalid_item_gets_422_and_writes_nothing() {
 async fn three_competing_consumers_audit_like_one_in_order() {
     use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event};
     let created = (1..=60_i64)
-        .map(|n| event("__SERVICE__", n, 1 + n % 2, ("item", n), __SERVICE__::http::ITEM_CREATED,
-                       serde_json::json!({"item_id": n, "name": format!("item {n}")})))
+        .map(|n| {
+            event(
+                "__SERVICE__",
+                n,
+                1 + n % 2,
+                ("item", n),
+                __SERVICE__::http::ITEM_CREATED,
+                serde_json::json!({"item_id": n, "name": format!("item {n}")}),
+            )
+        })
         .collect();
     assert_competing_appliers_agree(
         AppliersCheck {
