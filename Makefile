@@ -16,7 +16,7 @@ help: ## list the targets
 build: ## build every crate
 	cargo build --workspace --all-targets --locked
 
-test: test-clean ## run every test against the real PostgreSQL and RabbitMQ
+test: test-clean ## run every test against the real PostgreSQL and RabbitMQ (~3 min on 2 cores after the build)
 	@scripts/pg-tls.sh
 	@if command -v cargo-nextest >/dev/null; then \
 	  cargo test --doc -p reliability --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
@@ -96,7 +96,7 @@ openapi: ## write each service's OpenAPI document to target/openapi/ and validat
 	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
 
-e2e: ## crash, restart and retry scenarios against the stack as real processes (~3 min; restarts the local PostgreSQL and RabbitMQ)
+e2e: ## crash, restart and retry scenarios against the stack as real processes (~3.5 min on 2 cores after the build; restarts the local PostgreSQL and RabbitMQ)
 	@echo "make e2e restarts the local PostgreSQL and RabbitMQ during its run (and puts them back): do not run it beside make test or make bench"
 	cargo build --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
@@ -104,7 +104,7 @@ e2e: ## crash, restart and retry scenarios against the stack as real processes (
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
 SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim
 
-bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ~10 min); rewrites docs/benchmarks.md
+bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, about 4 min after the build); rewrites docs/benchmarks.md
 	cargo build --locked --release -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/release/bench
 
