@@ -231,7 +231,10 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("connect as superuser")?;
             db::ensure_roles(&admin).await.context("create roles")?;
-            if db::set_role_passwords(&admin).await.context("set the roles' password")? {
+            if db::set_role_passwords(&admin)
+                .await
+                .context("set the roles' password")?
+            {
                 println!("roles: password from {} set", db::ROLE_PASSWORD_ENV);
             }
             for name in databases {
