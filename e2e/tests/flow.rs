@@ -105,6 +105,15 @@ async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_ref
         );
     }
 
+    // The provider call is part of the order's trace too.
+    let payment_id = payments[0]["payment_id"].as_i64().unwrap();
+    let charged_with = stack.psp.traceparent(&format!("pay-1-{payment_id}"));
+    assert_eq!(
+        trace_id(&charged_with).as_deref(),
+        Some(first.as_str()),
+        "the charge carries the order's trace: {charged_with:?}"
+    );
+
     let refund_trace: Option<String> = sqlx::query_scalar(
         "SELECT headers->>'traceparent' FROM outbox_messages WHERE event_type = 'RefundIssued'",
     )

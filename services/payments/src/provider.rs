@@ -59,6 +59,18 @@ impl ChargeReply {
     }
 }
 
+/// The payment's trace carried to the provider: a `traceparent` for a new
+/// span of the worker's current trace (the order's), if it has one.
+fn trace_headers() -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(ctx) = reliability::trace::current()
+        && let Ok(value) = ctx.child().to_header().parse()
+    {
+        headers.insert(reliability::trace::HEADER, value);
+    }
+    headers
+}
+
 impl Psp {
     pub fn new(base_url: &str, timeout: Duration) -> Self {
         let http = reqwest::Client::builder()
@@ -82,6 +94,7 @@ impl Psp {
             .http
             .post(format!("{}{path}", self.base_url))
             .header("X-Idempotency-Key", key)
+            .headers(trace_headers())
             .json(&body)
             .send()
             .await;
@@ -99,6 +112,7 @@ impl Psp {
         let sent = self
             .http
             .get(format!("{}{path}/{key}", self.base_url))
+            .headers(trace_headers())
             .send()
             .await;
         if let Ok(resp) = &sent

@@ -98,6 +98,8 @@ struct Ledger {
     /// overall and per key prefix (`pay-<tenant>`: per tenant of ours).
     in_flight: HashMap<String, u32>,
     peak_in_flight: HashMap<String, u32>,
+    /// The last `traceparent` each key's charge or refund came with.
+    traceparents: HashMap<String, String>,
 }
 
 #[derive(Clone, Default)]
@@ -253,6 +255,7 @@ async fn create_charge(
     Json(req): Json<ChargeRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
     if let Some(existing) = sim.ledger().charges.get(&key).cloned() {
@@ -293,6 +296,7 @@ async fn create_refund(
     Json(req): Json<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
     if let Some(existing) = sim.ledger().refunds.get(&key).cloned() {
@@ -435,6 +439,19 @@ impl Simulator {
     /// Times money moved for `key` (0 or 1 unless something double-charged).
     pub fn times_charged(&self, key: &str) -> u32 {
         self.ledger().times_charged.get(key).copied().unwrap_or(0)
+    }
+
+    fn note_traceparent(&self, key: &str, headers: &HeaderMap) {
+        if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+            self.ledger()
+                .traceparents
+                .insert(key.to_owned(), tp.to_owned());
+        }
+    }
+
+    /// The `traceparent` the last charge or refund under `key` came with.
+    pub fn traceparent(&self, key: &str) -> Option<String> {
+        self.ledger().traceparents.get(key).cloned()
     }
 
     pub fn total_charges(&self) -> u32 {
