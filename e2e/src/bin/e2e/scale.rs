@@ -255,8 +255,11 @@ pub async fn slow_provider(run: &mut Run, tenant: i64) -> Outcome {
 
 /// Two tenants place 2 orders a second each, first alone, then while a
 /// third bursts at 20 a second against a provider answering in 300 ms. The
-/// burst gets its share of provider calls, not the others': their
-/// placed->decided p50 stays within twice its value without the burst.
+/// burst gets its share of provider calls, not the others': their payment
+/// step (recorded -> provider answered) p50 stays within twice its value
+/// without the burst. Their end-to-end p50 is reported, not asserted: the
+/// consumer queues before the payment are FIFO across tenants, so the
+/// burst's events delay theirs there (issue 14's closing note).
 pub async fn burst(run: &mut Run, tenant: i64) -> Outcome {
     let (other, loud) = (tenant + 500, tenant + 1000);
     for t in [tenant, other, loud] {
@@ -292,23 +295,27 @@ pub async fn burst(run: &mut Run, tenant: i64) -> Outcome {
     let mut paying = payment_times(run, tenant, &busy_a).await?;
     paying.extend(payment_times(run, other, &busy_b).await?);
     paying.sort_by(f64::total_cmp);
+    let mut paying_alone = payment_times(run, tenant, &calm_a).await?;
+    paying_alone.extend(payment_times(run, other, &calm_b).await?);
+    paying_alone.sort_by(f64::total_cmp);
     let (before, during) = (p50(&before), p50(&during));
     let mut violations = check_also(run, &[other, loud]).await?;
-    if during > 2.0 * before {
+    if p50(&paying) > 2.0 * p50(&paying_alone) {
         violations.push(format!(
-            "fairness: the others' placed->decided p50 went from {:.0} ms to {:.0} ms during the burst",
-            before * 1000.0,
-            during * 1000.0
+            "fairness: the others' payment step p50 went from {:.0} ms to {:.0} ms during the burst",
+            p50(&paying_alone) * 1000.0,
+            p50(&paying) * 1000.0
         ));
     }
     Ok((
         format!(
-            "provider 300 ms, 6 calls in flight, 3 per tenant; tenants {tenant},{other} at 2/s, tenant {loud} bursts 20/s ({} orders, p50 {:.0} ms, all decided in {burst_secs:.0} s): others' p50 {:.0} ms alone, {:.0} ms beside the burst (of which the provider step {:.0} ms)",
+            "provider 300 ms, 6 calls in flight, 3 per tenant; tenants {tenant},{other} at 2/s, tenant {loud} bursts 20/s ({} orders, p50 {:.0} ms, all decided in {burst_secs:.0} s): others' payment step p50 {:.0} ms alone, {:.0} ms beside the burst; end to end {:.0} ms alone, {:.0} ms beside it",
             loud_ids.len(),
             p50(&loud_times) * 1000.0,
+            p50(&paying_alone) * 1000.0,
+            p50(&paying) * 1000.0,
             before * 1000.0,
-            during * 1000.0,
-            p50(&paying) * 1000.0
+            during * 1000.0
         ),
         violations,
     ))
