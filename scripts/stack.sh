@@ -104,6 +104,7 @@ The stack is up.
   projection  http://127.0.0.1:8084   (GET /orders/{id})
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
   metrics     http://127.0.0.1:808{1,2,3,4}/metrics
+  operator    $(bin reliability) status   (what is stuck, per service and queue)
   logs        make logs   ($RUN/logs/)
 
 A token for tenant 1 (make token TENANT=n for others):
