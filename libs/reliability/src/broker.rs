@@ -564,6 +564,24 @@ pub async fn redrive_dead_letters(
     Ok(moved)
 }
 
+/// A queue's ready messages and attached consumers, looked at on a channel
+/// of its own, since a failed passive declare (no such queue) closes its
+/// channel. Bounded like every broker call.
+pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<(u32, u32)> {
+    let channel = bounded(connection.create_channel()).await?;
+    let q = bounded(channel.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        },
+        FieldTable::default(),
+    ))
+    .await?;
+    let _ = channel.close(200, "looked".into()).await;
+    Ok((q.message_count(), q.consumer_count()))
+}
+
 /// Messages waiting in `queue` (passive declare: fails if it does not exist).
 pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
     let q = channel

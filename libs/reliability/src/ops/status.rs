@@ -3,12 +3,10 @@
 //! among them, named.
 
 use chrono::{DateTime, Utc};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use serde::Serialize;
 
 use super::Estate;
-use crate::{Result, broker, maintenance, relay};
+use crate::{broker, maintenance, relay};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -151,35 +149,20 @@ async fn consumer_line(estate: &Estate, consumer: &str) -> ConsumerLine {
         }
     }
     if let Some(conn) = &estate.broker {
-        match declared(conn, &line.queue).await {
+        match broker::inspect_queue(conn, &line.queue).await {
             Ok((ready, consumers)) => (line.ready, line.consumers) = (Some(ready), Some(consumers)),
             Err(e) => line.error = Some(format!("queue {}: {e}", line.queue)),
         }
         let dlq = broker::dead_letter_queue(&line.queue);
-        line.dlq = declared(conn, &dlq).await.ok().map(|(ready, _)| ready);
+        line.dlq = broker::inspect_queue(conn, &dlq)
+            .await
+            .ok()
+            .map(|(ready, _)| ready);
     }
     if let Some(url) = &estate.management_url {
         line.unacked = unacked(url, &line.queue).await;
     }
     line
-}
-
-/// A queue's ready count and consumers, without creating it (a missing
-/// queue is an error: its events are being dropped by the exchange).
-async fn declared(conn: &lapin::Connection, queue: &str) -> Result<(u32, u32)> {
-    // A failed passive declare closes its channel: one channel per look.
-    let channel = broker::bounded(conn.create_channel()).await?;
-    let q = broker::bounded(channel.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        },
-        FieldTable::default(),
-    ))
-    .await?;
-    let _ = channel.close(200, "status".into()).await;
-    Ok((q.message_count(), q.consumer_count()))
 }
 
 /// `messages_unacknowledged` from the management API, if it answers.

@@ -1,8 +1,7 @@
 //! `queue …`: a consumer's queue and its dead letters on the broker.
 
 use clap::Subcommand;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::options::QueueDeleteOptions;
 use reliability::broker;
 
 use crate::outbox::done;
@@ -58,18 +57,10 @@ pub enum QueueDlq {
 
 /// Messages in `queue`, or None if it does not exist.
 async fn depth(conn: &lapin::Connection, queue: &str) -> anyhow::Result<Option<u32>> {
-    let channel = conn.create_channel().await?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    Ok(declared.ok().map(|q| q.message_count()))
+    Ok(broker::inspect_queue(conn, queue)
+        .await
+        .ok()
+        .map(|(ready, _)| ready))
 }
 
 pub async fn run(
