@@ -90,11 +90,13 @@ template-check: ## generate a throwaway service, lint it (rustfmt, clippy -D war
 	  && cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status
 
-openapi: ## write each service's OpenAPI document to target/openapi/ and validate it
+openapi: ## write each service's OpenAPI document (target/openapi/) and the events' AsyncAPI document and JSON Schemas (target/asyncapi/), and validate them
 	cargo build --locked --bins
 	mkdir -p target/openapi
 	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
+	$${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi
+	python3 scripts/check_asyncapi.py target/asyncapi
 
 e2e: ## crash, restart and retry scenarios against the stack as real processes (~3.5 min on 2 cores after the build; restarts the local PostgreSQL and RabbitMQ)
 	@echo "make e2e restarts the local PostgreSQL and RabbitMQ during its run (and puts them back): do not run it beside make test or make bench"

@@ -75,7 +75,10 @@ up() {
   need_servers
   mkdir -p "$RUN/pids" "$RUN/logs"
   echo "== building ($PROFILE)"
-  if [[ $PROFILE == release ]]; then cargo build --release --locked --bins; else cargo build --locked --bins; fi
+  # A collector named in the environment: build with span export (docs/adr/0018).
+  local features=()
+  if [[ -n ${OTEL_EXPORTER_OTLP_ENDPOINT:-} ]]; then features=(--features reliability/otel); fi
+  if [[ $PROFILE == release ]]; then cargo build --release --locked --bins "${features[@]}"; else cargo build --locked --bins "${features[@]}"; fi
   echo "== roles and databases"
   # shellcheck disable=SC2046
   "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" $(databases)
@@ -105,6 +108,7 @@ The stack is up.
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
   metrics     http://127.0.0.1:808{1,2,3,4}/metrics
   operator    $(bin reliability) status   (what is stuck, per service and queue)
+  traces      ${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}
   logs        make logs   ($RUN/logs/)
 
 A token for tenant 1 (make token TENANT=n for others):

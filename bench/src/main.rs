@@ -537,12 +537,12 @@ async fn http(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     common.exchange = unique("reltest.bench.");
     let jwt = common.jwt_keys();
     let url = db_url(&db.name);
-    let app = orders::build(
+    let app = reliability::service::start(
+        &orders::SERVICE,
         orders::Settings {
             role: Role::Serve,
-            port: 0,
             database_url: url.clone(),
-            common: common.clone(),
+            ..orders::Settings::local(common.clone())
         },
         Databases::connect_lazy(&url, &common)?,
         stop.clone(),

@@ -1,5 +1,5 @@
 //! The checker: after the system has gone quiet, the invariants of
-//! shared/design.md read from the databases, the queues and the provider.
+//! ARCHITECTURE.md ("Invariants") read from the databases, the queues and the provider.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

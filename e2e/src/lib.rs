@@ -9,7 +9,7 @@ pub mod procs;
 
 use std::time::Duration;
 
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, CommonSettings, Settings, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 use serde_json::{Value, json};
 
@@ -33,10 +33,17 @@ pub struct Dbs {
 
 impl Stack {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(|_| {}).await
+    }
+
+    /// As [`start`](Self::start), with `settings` changing what all four
+    /// services share (e.g. where they export spans).
+    pub async fn start_with(settings: impl FnOnce(&mut CommonSettings)) -> anyhow::Result<Self> {
         let stop = ShutdownToken::new();
         let mut common = CommonSettings::local();
         common.exchange = unique("reltest.stack.");
         common.queue_prefix = format!("{}.", common.exchange);
+        settings(&mut common);
         let jwt = common.jwt_keys();
         let dbs = Dbs {
             orders: TestDb::with_migrations(&orders::MIGRATIONS).await,
@@ -49,53 +56,39 @@ impl Stack {
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
         tokio::spawn(sim.run_until_stopped(stop.clone()));
 
-        let o = orders::build(
-            orders::Settings {
-                role: Role::All,
-                port: 0,
-                database_url: String::new(),
-                common: common.clone(),
-            },
+        let o = service::start(
+            &orders::SERVICE,
+            Settings::local(common.clone()),
             dbs.orders.databases(),
             stop.clone(),
         )
         .await?;
-        let i = inventory::build(
-            inventory::Settings {
-                role: Role::All,
-                port: 0,
-                database_url: String::new(),
-                common: common.clone(),
-            },
+        let i = service::start(
+            &inventory::SERVICE,
+            Settings::local(common.clone()),
             dbs.inventory.databases(),
             stop.clone(),
         )
         .await?;
-        let p = payments::build(
-            payments::Settings {
-                role: Role::All,
-                port: 0,
-                database_url: String::new(),
-                psp_url,
-                psp_timeout_ms: 1000,
-                psp_lease_secs: 5,
-                psp_max_in_flight: 64,
-                psp_tenant_in_flight: 16,
-                psp_deadline_secs: 900,
-                common: common.clone(),
+        let psp_settings = payments::PspSettings {
+            psp_url,
+            psp_timeout_ms: 1000,
+            psp_lease_secs: 5,
+            ..Default::default()
+        };
+        let p = service::start(
+            &payments::SERVICE,
+            Settings {
+                service: psp_settings,
+                ..Settings::local(common.clone())
             },
             dbs.payments.databases(),
             stop.clone(),
         )
         .await?;
-        let v = projection::build(
-            projection::Settings {
-                role: Role::All,
-                port: 0,
-                database_url: String::new(),
-                rebuild_from: vec![],
-                common: common.clone(),
-            },
+        let v = service::start(
+            &projection::SERVICE,
+            Settings::local(common.clone()),
             dbs.projection.databases(),
             stop.clone(),
         )

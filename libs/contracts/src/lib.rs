@@ -83,6 +83,25 @@ pub mod topology {
         ORDERS_SAGA,
         PROJECTION_VIEWS,
     ];
+
+    /// Whether a topic exchange routes `routing_key` through `binding`
+    /// (`*`: exactly one word, `#`: zero or more).
+    pub fn topic_matches(binding: &str, routing_key: &str) -> bool {
+        fn go(pattern: &[&str], key: &[&str]) -> bool {
+            match (pattern.first(), key.first()) {
+                (None, None) => true,
+                (Some(&"#"), _) => {
+                    go(&pattern[1..], key) || (!key.is_empty() && go(pattern, &key[1..]))
+                }
+                (Some(&"*"), Some(_)) => go(&pattern[1..], &key[1..]),
+                (Some(p), Some(k)) => p == k && go(&pattern[1..], &key[1..]),
+                _ => false,
+            }
+        }
+        let pattern: Vec<&str> = binding.split('.').collect();
+        let key: Vec<&str> = routing_key.split('.').collect();
+        go(&pattern, &key)
+    }
 }
 
 /// Aggregate types, as written in the outbox.
@@ -92,7 +111,7 @@ pub mod aggregate {
     pub const PAYMENT: &str = "payment";
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Line {
     pub sku: String,
     pub quantity: i64,
@@ -100,21 +119,22 @@ pub struct Line {
 }
 
 /// orders → inventory, projection. Everything later steps need to act.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderPlaced {
     pub order_id: i64,
     pub customer_id: String,
     pub currency: String,
     pub total_cents: i64,
+    #[schema(inline)]
     pub lines: Vec<Line>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderConfirmed {
     pub order_id: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderCancelled {
     pub order_id: i64,
     pub reason: String,
@@ -122,7 +142,7 @@ pub struct OrderCancelled {
 
 /// inventory → payments, orders, projection. Carries the payment details of
 /// the order so that payments needs no other event to charge.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InventoryReserved {
     pub order_id: i64,
     pub customer_id: String,
@@ -130,13 +150,13 @@ pub struct InventoryReserved {
     pub total_cents: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InventoryRejected {
     pub order_id: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StockAdjusted {
     pub sku: String,
     pub delta: i64,
@@ -144,7 +164,7 @@ pub struct StockAdjusted {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PaymentCaptured {
     pub order_id: i64,
     pub payment_id: i64,
@@ -152,19 +172,97 @@ pub struct PaymentCaptured {
     pub currency: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PaymentFailed {
     pub order_id: i64,
     pub payment_id: i64,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RefundIssued {
     pub order_id: i64,
     pub payment_id: i64,
     pub refund_id: i64,
     pub amount_cents: i64,
+}
+
+/// What an event payload knows about itself: its type (the routing key's
+/// second part and the AMQP `type`), its version and the service that
+/// publishes it. Consumers decode by type (`Envelope::decode::<T>`), so a
+/// message of another type or version is refused in one place.
+pub trait Event: Serialize + for<'de> Deserialize<'de> {
+    const TYPE: &'static str;
+    const VERSION: i32;
+    const SOURCE: &'static str;
+}
+
+/// One event type as [`catalogue`] lists it.
+pub struct Catalogued {
+    pub name: &'static str,
+    pub version: i32,
+    pub source: &'static str,
+    pub schema: utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+}
+
+macro_rules! events {
+    ($($payload:ident: $name:path, version $version:literal, from $source:expr;)*) => {
+        $(impl Event for $payload {
+            const TYPE: &'static str = $name;
+            const VERSION: i32 = $version;
+            const SOURCE: &'static str = $source;
+        })*
+
+        /// Every event: its type, version, publisher and payload's JSON Schema
+        /// (what `asyncapi` documents).
+        pub fn catalogue() -> Vec<Catalogued> {
+            vec![$(Catalogued {
+                name: $name,
+                version: $version,
+                source: $source,
+                schema: <$payload as utoipa::PartialSchema>::schema(),
+            },)*]
+        }
+
+        /// The version of `event_type` consumers read today (None: no such event).
+        pub fn version(event_type: &str) -> Option<i32> {
+            $(if event_type == $name {
+                return Some($version);
+            })*
+            None
+        }
+    };
+}
+
+events! {
+    OrderPlaced: event::ORDER_PLACED, version 1, from source::ORDERS;
+    OrderConfirmed: event::ORDER_CONFIRMED, version 1, from source::ORDERS;
+    OrderCancelled: event::ORDER_CANCELLED, version 1, from source::ORDERS;
+    InventoryReserved: event::INVENTORY_RESERVED, version 1, from source::INVENTORY;
+    InventoryRejected: event::INVENTORY_REJECTED, version 1, from source::INVENTORY;
+    StockAdjusted: event::STOCK_ADJUSTED, version 1, from source::INVENTORY;
+    PaymentCaptured: event::PAYMENT_CAPTURED, version 1, from source::PAYMENTS;
+    PaymentFailed: event::PAYMENT_FAILED, version 1, from source::PAYMENTS;
+    RefundIssued: event::REFUND_ISSUED, version 1, from source::PAYMENTS;
+}
+
+/// A stock-keeping unit as every service accepts it: 1 to 64 visible ASCII
+/// characters. Orders checks it on each line, inventory on each adjustment.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sku(String);
+
+impl Sku {
+    /// What a valid sku is, as a client is told.
+    pub const RULE: &str = "sku must be 1 to 64 visible ASCII characters";
+
+    /// `s` if it is a valid sku.
+    pub fn parse(s: String) -> Option<Self> {
+        ((1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic())).then_some(Self(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 #[cfg(test)]
@@ -192,6 +290,19 @@ mod tests {
                 assert!(event == "*" || events.contains(&event), "{binding}");
             }
         }
+    }
+
+    #[test]
+    fn every_event_name_has_a_payload_type_and_a_version() {
+        assert_eq!(OrderPlaced::TYPE, "OrderPlaced");
+        assert_eq!(RefundIssued::SOURCE, source::PAYMENTS);
+        for sub in topology::ALL {
+            for binding in sub.bindings {
+                let (_, name) = binding.split_once('.').unwrap();
+                assert!(name == "*" || version(name) == Some(1), "{binding}");
+            }
+        }
+        assert_eq!(version("NoSuchEvent"), None);
     }
 
     #[test]

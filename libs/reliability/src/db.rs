@@ -145,15 +145,6 @@ pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgP
         .await?)
 }
 
-/// Names a unique, check, or foreign-key violation so callers can map it to a
-/// client error by constraint, never by matching message text.
-pub fn constraint_violation(err: &sqlx::Error) -> Option<&str> {
-    match err {
-        sqlx::Error::Database(db) => db.constraint(),
-        _ => None,
-    }
-}
-
 /// A value out of its column's range (SQLSTATE 22003, e.g. a `bigint`
 /// sum that would overflow): the input's fault, so a 422, not a 500.
 pub fn is_out_of_range(err: &sqlx::Error) -> bool {

@@ -22,8 +22,41 @@ pub enum Error {
     /// nothing is published until it exists (docs/adr/0012).
     #[error("broker topology incomplete: {0}")]
     Topology(String),
+    /// A setting that cannot work (a weak secret, a bad fail point spec,
+    /// an unreadable key set): the process should not start.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The broker closed a channel or a consumer's stream under a running
+    /// part: a broker loss, reconnected like one.
+    #[error("broker closed the {0}")]
+    ChannelClosed(&'static str),
+    /// The broker answered a publish with something other than an ack.
+    #[error("broker refused: {0}")]
+    Refused(String),
+    /// A listener could not be bound (or its address read).
+    #[error("cannot bind {address}: {source}")]
+    Bind {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A task of the process panicked.
+    #[error("task {task} panicked: {source}")]
+    Panicked {
+        task: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// A tenant id that is not positive (a corrupt row or message).
+    #[error(transparent)]
+    InvalidTenant(#[from] crate::tenant::InvalidTenantId),
+    /// Replaying an event into a consumer failed (a projection rebuild).
+    #[error("replaying {message_id}: {source}")]
+    Replay {
+        message_id: String,
+        #[source]
+        source: Box<crate::consumer::ApplyError>,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -35,7 +68,7 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::Database(e) => db_unavailable(e),
-            Self::Broker(_) | Self::BrokerTimeout(_) => true,
+            Self::Broker(_) | Self::BrokerTimeout(_) | Self::ChannelClosed(_) => true,
             _ => false,
         }
     }

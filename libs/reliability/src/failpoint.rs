@@ -52,14 +52,6 @@ impl FailPoints {
         Self::default()
     }
 
-    /// Points armed by `RELIABILITY_FAILPOINTS`; none when unset.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("RELIABILITY_FAILPOINTS") {
-            Ok(spec) => Self::parse(&spec),
-            Err(_) => Ok(Self::none()),
-        }
-    }
-
     pub fn parse(spec: &str) -> Result<Self> {
         let points = Self::none();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {

@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::consumer::HandlerError;
+use crate::trace::{Kind, Span};
 use crate::{Result, TenantTx};
 
 /// An event to publish once the caller's transaction commits.
@@ -52,15 +54,24 @@ impl NewEvent {
 /// Writes `event` inside the caller's transaction; returns its outbox id.
 /// The tenant is the transaction's own, so it cannot be mislabelled.
 ///
-/// Inside a trace scope (an HTTP request, a consumed event) the event gets a
-/// child `traceparent` header unless it already has one.
+/// Inside a trace scope (an HTTP request, a consumed event) the event gets
+/// the `traceparent` of an enqueue step of that trace, unless it already
+/// has one.
 pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
     let tenant = tx.tenant().get();
     let mut headers = event.headers.clone();
-    if let Some(ctx) = crate::trace::current() {
-        headers
-            .entry(crate::trace::HEADER)
-            .or_insert_with(|| Value::String(ctx.child().to_header()));
+    if !headers.contains_key(crate::trace::HEADER)
+        && let Some(mut span) = Span::child(format!("enqueue {}", event.event_type), Kind::Producer)
+    {
+        span.set("tenant.id", tenant);
+        span.set(
+            "event.aggregate",
+            format!("{}/{}", event.aggregate_type, event.aggregate_id),
+        );
+        headers.insert(
+            crate::trace::HEADER.to_owned(),
+            Value::String(span.context().to_header()),
+        );
     }
     let id = sqlx::query_scalar(
         "INSERT INTO outbox_messages
@@ -110,6 +121,34 @@ impl Envelope {
     pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         T::deserialize(&self.payload)
     }
+
+    /// The payload as event `T`. A message of another type, of a version
+    /// this build does not read, or whose payload does not fit, is a
+    /// permanent failure: dead-lettered, never retried.
+    pub fn decode<T: contracts::Event>(&self) -> Result<T, HandlerError> {
+        if self.event_type != T::TYPE {
+            return Err(HandlerError::Permanent(format!(
+                "expected {}, got {}",
+                T::TYPE,
+                self.event_type
+            )));
+        }
+        self.check_version(T::VERSION)?;
+        self.payload_as().map_err(|err| {
+            HandlerError::Permanent(format!("bad {} payload: {err}", self.event_type))
+        })
+    }
+
+    /// Refuses (permanently) a message whose version is not `version`.
+    pub fn check_version(&self, version: i32) -> Result<(), HandlerError> {
+        match self.event_version == version {
+            true => Ok(()),
+            false => Err(HandlerError::Permanent(format!(
+                "unknown version {} of {}",
+                self.event_version, self.event_type
+            ))),
+        }
+    }
 }
 
 pub fn routing_key(source: &str, event_type: &str) -> String {
@@ -141,4 +180,42 @@ pub async fn history(
     .bind(source)
     .fetch_all(owner)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::HandlerError;
+
+    fn envelope(event_type: &str, version: i32, payload: Value) -> Envelope {
+        Envelope {
+            id: 1,
+            source: "orders".into(),
+            tenant_id: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "7".into(),
+            event_type: event_type.into(),
+            event_version: version,
+            occurred_at: Utc::now(),
+            payload,
+        }
+    }
+
+    #[test]
+    fn decoding_refuses_another_type_another_version_or_a_payload_that_does_not_fit() {
+        let payload = serde_json::json!({"order_id": 7});
+        let ok: contracts::OrderConfirmed = envelope("OrderConfirmed", 1, payload.clone())
+            .decode()
+            .unwrap();
+        assert_eq!(ok.order_id, 7);
+        let refused = [
+            envelope("OrderConfirmed", 2, payload.clone()).decode::<contracts::OrderConfirmed>(),
+            envelope("OrderPlaced", 1, payload.clone()).decode::<contracts::OrderConfirmed>(),
+            envelope("OrderConfirmed", 1, serde_json::json!({}))
+                .decode::<contracts::OrderConfirmed>(),
+        ];
+        for r in refused {
+            assert!(matches!(r, Err(HandlerError::Permanent(_))), "{r:?}");
+        }
+    }
 }

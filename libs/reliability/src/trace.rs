@@ -1,19 +1,30 @@
 //! W3C trace context carried from an HTTP request through outbox rows and
-//! AMQP headers into each consumer, so one order's path is one trace id in
-//! the logs of every service.
+//! AMQP headers into each consumer and out to the payment provider, so one
+//! order's path is one trace id in the logs of every service; and, built
+//! with the `otel` feature and given `OTEL_EXPORTER_OTLP_ENDPOINT`, the
+//! same path exported as OpenTelemetry spans (docs/adr/0018).
 //!
-//! Deliberately small: no exporter (there is no collector here). The id is
-//! set per task ([`scope`]); `outbox::enqueue` stamps a child `traceparent`
-//! on every event written inside it, and the consumer runtime opens a scope
-//! from each delivery's header.
+//! The ids are ours ([`TraceContext`], a task-local scope), so propagation
+//! works with export off; a [`Span`] opens a step (request, enqueue,
+//! publish, apply, provider call) and, with export on, is the exported span
+//! whose ids the scope then carries on.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::Arc;
 
 pub const HEADER: &str = "traceparent";
 
+/// The running task's trace: its context and the service whose steps it runs.
+#[derive(Clone)]
+struct Scope {
+    ctx: TraceContext,
+    service: Arc<str>,
+}
+
 tokio::task_local! {
-    static CURRENT: TraceContext;
+    static CURRENT: Scope;
 }
 
 /// A `traceparent`: version 00, a 16-byte trace id, an 8-byte parent span id, sampled.
@@ -70,14 +81,6 @@ impl TraceContext {
         }
     }
 
-    /// Continues the trace of a `traceparent` header (a new span in it), or
-    /// starts one when the header is missing or invalid.
-    pub fn continue_from(header: Option<&str>) -> Self {
-        header
-            .and_then(Self::parse)
-            .map_or_else(Self::root, |parent| parent.child())
-    }
-
     /// Parses `00-<32 hex>-<16 hex>-<2 hex>`; all-zero ids are invalid.
     pub fn parse(header: &str) -> Option<Self> {
         let mut parts = header.trim().split('-');
@@ -104,13 +107,192 @@ impl TraceContext {
 
 /// The context of the running task, if any.
 pub fn current() -> Option<TraceContext> {
-    CURRENT.try_with(|c| *c).ok()
+    CURRENT.try_with(|c| c.ctx).ok()
 }
 
-/// Runs `fut` with `ctx` as the current context.
-pub async fn scope<F: Future>(ctx: TraceContext, fut: F) -> F::Output {
-    CURRENT.scope(ctx, fut).await
+/// What a span is, in OpenTelemetry's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An HTTP request this service answers.
+    Server,
+    /// A call this service makes (the payment provider).
+    Client,
+    /// An event written or published.
+    Producer,
+    /// An event applied.
+    Consumer,
+    Internal,
 }
+
+/// An attribute's value.
+#[derive(Debug, Clone)]
+pub enum Value {
+    Str(String),
+    Int(i64),
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Self::Str(v.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Self::Str(v)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+
+/// One step of a trace, ended when dropped. Its [`context`](Span::context)
+/// is what the step hands on (a `traceparent`, or the scope of the work it
+/// runs).
+pub struct Span {
+    ctx: TraceContext,
+    service: Arc<str>,
+    #[cfg(feature = "otel")]
+    otel: Option<opentelemetry_sdk::trace::Span>,
+}
+
+impl Span {
+    /// A step of `service`, the child of `parent`, or the root of a new
+    /// trace. When `service` exports, its ids are the exported span's.
+    pub fn start(
+        service: &str,
+        name: impl Into<Cow<'static, str>>,
+        kind: Kind,
+        parent: Option<TraceContext>,
+    ) -> Self {
+        Self::open(Arc::from(service), name.into(), kind, parent)
+    }
+
+    /// A step of the running task's trace (its service, its context as the
+    /// parent); None outside any scope.
+    pub fn child(name: impl Into<Cow<'static, str>>, kind: Kind) -> Option<Self> {
+        let scope = CURRENT.try_with(Scope::clone).ok()?;
+        Some(Self::open(
+            scope.service,
+            name.into(),
+            kind,
+            Some(scope.ctx),
+        ))
+    }
+
+    #[cfg(feature = "otel")]
+    fn open(
+        service: Arc<str>,
+        name: Cow<'static, str>,
+        kind: Kind,
+        parent: Option<TraceContext>,
+    ) -> Self {
+        match export::open(&service, name, kind, parent) {
+            Some((otel, ctx)) => Self {
+                ctx,
+                service,
+                otel: Some(otel),
+            },
+            None => Self {
+                ctx: parent.map_or_else(TraceContext::root, |p| p.child()),
+                service,
+                otel: None,
+            },
+        }
+    }
+
+    #[cfg(not(feature = "otel"))]
+    fn open(
+        service: Arc<str>,
+        _name: Cow<'static, str>,
+        _kind: Kind,
+        parent: Option<TraceContext>,
+    ) -> Self {
+        Self {
+            ctx: parent.map_or_else(TraceContext::root, |p| p.child()),
+            service,
+        }
+    }
+
+    pub fn context(&self) -> TraceContext {
+        self.ctx
+    }
+
+    /// Records `key = value` on the exported span (nothing without export).
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        #[cfg(feature = "otel")]
+        if let Some(span) = &mut self.otel {
+            export::set(span, key, value.into());
+        }
+        #[cfg(not(feature = "otel"))]
+        let _ = (key, value);
+    }
+
+    /// Marks the step failed, with why.
+    pub fn fail(&mut self, reason: impl std::fmt::Display) {
+        #[cfg(feature = "otel")]
+        if let Some(span) = &mut self.otel {
+            export::fail(span, reason.to_string());
+        }
+        #[cfg(not(feature = "otel"))]
+        let _ = reason;
+    }
+
+    /// Runs `fut` inside this step: its events and calls are its children.
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        let scope = Scope {
+            ctx: self.ctx,
+            service: self.service.clone(),
+        };
+        CURRENT.scope(scope, fut).await
+    }
+
+    /// Runs `fut` inside this step and ends it, failed if `fut` failed.
+    pub async fn run<T, E, F>(mut self, fut: F) -> Result<T, E>
+    where
+        E: std::fmt::Display,
+        F: Future<Output = Result<T, E>>,
+    {
+        let done = self.scope(fut).await;
+        if let Err(e) = &done {
+            self.fail(e);
+        }
+        done
+    }
+}
+
+/// Sends `service`'s spans to the OTLP/HTTP endpoint `endpoint` (the
+/// collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`; `/v1/traces` is
+/// added) from now on. Without the `otel` feature it only warns.
+pub fn export(service: &str, endpoint: &str) -> Result<(), String> {
+    #[cfg(feature = "otel")]
+    {
+        export::install(service, endpoint)
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        tracing::warn!(
+            service,
+            endpoint,
+            "built without the otel feature: spans are not exported"
+        );
+        Ok(())
+    }
+}
+
+/// Sends what `service` has not yet exported and stops its exporter.
+pub fn shutdown(service: &str) {
+    #[cfg(feature = "otel")]
+    export::shutdown(service);
+    #[cfg(not(feature = "otel"))]
+    let _ = service;
+}
+
+#[cfg(feature = "otel")]
+mod export;
 
 #[cfg(test)]
 mod tests {

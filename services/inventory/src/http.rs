@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::Error;
-use crate::domain::Sku;
+use contracts::Sku;
 
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()
@@ -34,7 +34,12 @@ pub struct Adjustment {
     #[schema(schema_with = delta_schema)]
     #[serde(deserialize_with = "reliability::http::integer")]
     pub delta: i64,
-    #[schema(min_length = 1, max_length = 200)]
+    /// 1 to 200 characters, none of them control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub reason: String,
 }
 
@@ -72,14 +77,19 @@ const MAX_DELTA: i64 = 1_000_000_000;
 #[utoipa::path(post, path = "/stock/adjustments", tag = "inventory", request_body = Adjustment,
     responses((status = 201, description = "the product after the adjustment", body = ProductView)))]
 async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error> {
-    let checked = Sku::parse(req.body.sku.clone()).and_then(|sku| {
+    let sku = Sku::parse(req.body.sku.clone()).ok_or_else(|| Error::Invalid(Sku::RULE.into()));
+    let checked = sku.and_then(|sku| {
         if req.body.delta == 0 || req.body.delta.unsigned_abs() > MAX_DELTA.unsigned_abs() {
             return Err(Error::Invalid(format!(
                 "delta must be non-zero and within ±{MAX_DELTA}"
             )));
         }
-        if !(1..=200).contains(&req.body.reason.chars().count()) {
-            return Err(Error::Invalid("reason must be 1 to 200 characters".into()));
+        // Control characters (NUL above all, which PostgreSQL text refuses) are not a reason.
+        let reason = &req.body.reason;
+        if !(1..=200).contains(&reason.chars().count()) || reason.chars().any(char::is_control) {
+            return Err(Error::Invalid(
+                "reason must be 1 to 200 characters, none of them control characters".into(),
+            ));
         }
         Ok(sku)
     });

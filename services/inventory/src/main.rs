@@ -1,16 +1,4 @@
-use clap::Parser;
-
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    reliability::service::init_tracing();
-    let settings = inventory::Settings::parse();
-    if settings.common.openapi {
-        let api = reliability::service::openapi("inventory", inventory::http::router);
-        println!("{}", serde_json::to_string_pretty(&api)?);
-        return Ok(());
-    }
-    let dbs =
-        reliability::service::Databases::connect_lazy(&settings.database_url, &settings.common)?;
-    let app = inventory::build(settings, dbs, reliability::shutdown::token()).await?;
-    Ok(app.run_until_stopped().await?)
+async fn main() -> reliability::Result<()> {
+    reliability::service::main(&inventory::SERVICE).await
 }

@@ -6,29 +6,13 @@
 use std::collections::BTreeMap;
 
 use contracts::{aggregate, event};
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::TenantTx;
+use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::{self, Envelope, NewEvent};
-use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = contracts::topology::INVENTORY_STOCK.consumer;
 
-/// The queue and bindings of `contracts::topology::INVENTORY_STOCK`.
-pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(&contracts::topology::INVENTORY_STOCK)
-}
-
 pub struct Stock;
-
-fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerError> {
-    if e.event_version != 1 {
-        return Err(HandlerError::Permanent(format!(
-            "unknown version {} of {}",
-            e.event_version, e.event_type
-        )));
-    }
-    e.payload_as()
-        .map_err(|err| HandlerError::Permanent(format!("bad {} payload: {err}", e.event_type)))
-}
 
 impl Handler for Stock {
     /// Stock rows are shared by every order: lock all that this run of
@@ -70,13 +54,13 @@ impl Handler for Stock {
 
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         match e.event_type.as_str() {
-            event::ORDER_PLACED => reserve(tx, decode(e)?).await,
+            event::ORDER_PLACED => reserve(tx, e.decode()?).await,
             event::ORDER_CONFIRMED => {
-                let c: contracts::OrderConfirmed = decode(e)?;
+                let c: contracts::OrderConfirmed = e.decode()?;
                 settle(tx, c.order_id, Settle::Commit).await
             }
             event::ORDER_CANCELLED => {
-                let c: contracts::OrderCancelled = decode(e)?;
+                let c: contracts::OrderCancelled = e.decode()?;
                 settle(tx, c.order_id, Settle::Release).await
             }
             _ => Ok(()),

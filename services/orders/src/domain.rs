@@ -1,6 +1,7 @@
 //! Order domain types. Each newtype checks its rule once, at construction,
 //! so everything past the HTTP boundary holds valid values.
 
+use contracts::Sku;
 use serde::Serialize;
 
 use crate::Error;
@@ -62,24 +63,6 @@ impl Currency {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sku(String);
-
-impl Sku {
-    pub fn parse(s: String) -> Result<Self, Error> {
-        if (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic()) {
-            Ok(Self(s))
-        } else {
-            Err(Error::Invalid(
-                "sku must be 1 to 64 visible ASCII characters".into(),
-            ))
-        }
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
     pub sku: Sku,
     pub quantity: i32,
@@ -106,7 +89,7 @@ impl NewOrder {
 }
 
 pub fn line(sku: String, quantity: i64, unit_price_cents: i64) -> Result<Line, Error> {
-    let sku = Sku::parse(sku)?;
+    let sku = Sku::parse(sku).ok_or_else(|| Error::Invalid(Sku::RULE.into()))?;
     let quantity = i32::try_from(quantity)
         .ok()
         .filter(|q| (1..=10_000).contains(q))

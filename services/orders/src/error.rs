@@ -1,9 +1,8 @@
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use reliability::http::ApiError;
 
 /// Everything a request or an event can fail with in this service, and
-/// (in `into_response`) the one place each maps to HTTP.
+/// (in `api`) the one place each maps to HTTP.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// 422: well-formed input that breaks a rule.
@@ -16,12 +15,6 @@ pub enum Error {
     /// the client as a generic message.
     #[error(transparent)]
     Internal(#[from] reliability::Error),
-}
-
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
 }
 
 impl Error {
@@ -38,8 +31,4 @@ impl Error {
     }
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        self.api().into_response()
-    }
-}
+reliability::service_error!(Error);

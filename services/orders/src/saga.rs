@@ -4,29 +4,13 @@
 //! event cannot flip a decided one.
 
 use contracts::{aggregate, event};
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
+use reliability::TenantTx;
+use reliability::consumer::{Handler, HandlerError, payload_lock_key};
 use reliability::outbox::{self, Envelope, NewEvent};
-use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = contracts::topology::ORDERS_SAGA.consumer;
 
-/// The queue and bindings of `contracts::topology::ORDERS_SAGA`.
-pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(&contracts::topology::ORDERS_SAGA)
-}
-
 pub struct Saga;
-
-fn decode<T: serde::de::DeserializeOwned>(e: &Envelope) -> Result<T, HandlerError> {
-    if e.event_version != 1 {
-        return Err(HandlerError::Permanent(format!(
-            "unknown version {} of {}",
-            e.event_version, e.event_type
-        )));
-    }
-    e.payload_as()
-        .map_err(|err| HandlerError::Permanent(format!("bad {} payload: {err}", e.event_type)))
-}
 
 impl Handler for Saga {
     /// Every event of one order takes turns, whichever aggregate sent it.
@@ -37,11 +21,11 @@ impl Handler for Saga {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         match e.event_type.as_str() {
             event::PAYMENT_CAPTURED => {
-                let p: contracts::PaymentCaptured = decode(e)?;
+                let p: contracts::PaymentCaptured = e.decode()?;
                 decide(tx, p.order_id, None).await
             }
             event::PAYMENT_FAILED => {
-                let p: contracts::PaymentFailed = decode(e)?;
+                let p: contracts::PaymentFailed = e.decode()?;
                 decide(
                     tx,
                     p.order_id,
@@ -50,7 +34,7 @@ impl Handler for Saga {
                 .await
             }
             event::INVENTORY_REJECTED => {
-                let p: contracts::InventoryRejected = decode(e)?;
+                let p: contracts::InventoryRejected = e.decode()?;
                 decide(
                     tx,
                     p.order_id,

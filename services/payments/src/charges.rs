@@ -2,16 +2,11 @@
 //! payment. Charging happens in the provider worker, outside any transaction.
 
 use contracts::event;
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::TenantTx;
+use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
-use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = contracts::topology::PAYMENTS_CHARGES.consumer;
-
-/// The queue and bindings of `contracts::topology::PAYMENTS_CHARGES`.
-pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(&contracts::topology::PAYMENTS_CHARGES)
-}
 
 pub struct Charges;
 
@@ -20,15 +15,7 @@ impl Handler for Charges {
         if e.event_type != event::INVENTORY_RESERVED {
             return Ok(());
         }
-        if e.event_version != 1 {
-            return Err(HandlerError::Permanent(format!(
-                "unknown version {} of {}",
-                e.event_version, e.event_type
-            )));
-        }
-        let r: contracts::InventoryReserved = e.payload_as().map_err(|err| {
-            HandlerError::Permanent(format!("bad InventoryReserved payload: {err}"))
-        })?;
+        let r: contracts::InventoryReserved = e.decode()?;
         // One payment per order, whatever arrives twice.
         sqlx::query(
             "INSERT INTO payments (tenant_id, order_id, customer_id, amount_cents, currency, traceparent)

@@ -1,5 +1,4 @@
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use reliability::http::ApiError;
 
 /// Everything a request or an event can fail with in payments, and the one
@@ -18,12 +17,6 @@ pub enum Error {
     /// 503 while a dependency is down, else 500.
     #[error(transparent)]
     Internal(#[from] reliability::Error),
-}
-
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
 }
 
 impl Error {
@@ -47,8 +40,4 @@ impl Error {
     }
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        self.api().into_response()
-    }
-}
+reliability::service_error!(Error);

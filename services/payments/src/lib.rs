@@ -12,33 +12,30 @@ pub mod worker;
 
 use std::time::Duration;
 
-use clap::Parser;
-use reliability::consumer::Consumer;
-use reliability::service::{
-    self, Application, CommonSettings, Databases, Role, ServiceSpec, ShutdownToken,
-};
+use reliability::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::Error;
 
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/payments");
 
-#[derive(Debug, Clone, Parser)]
-#[command(version, about = "Payments service")]
-pub struct Settings {
-    /// What this process runs (`consume` includes the provider worker).
-    #[arg(value_enum, default_value_t = Role::All)]
-    pub role: Role,
-    /// HTTP port (0 picks a free one).
-    #[arg(long, env = "PAYMENTS_PORT", default_value_t = 8083)]
-    pub port: u16,
-    /// The payments database (roles are set per connection).
-    #[arg(
-        long,
-        env = "PAYMENTS_DATABASE_URL",
-        default_value = "postgres://127.0.0.1:5432/payments"
-    )]
-    pub database_url: String,
+/// The payments service, as the runtime runs it (`consume` includes the
+/// provider worker).
+pub static SERVICE: Service<PspSettings> = Service {
+    name: contracts::source::PAYMENTS,
+    about: "Payments service",
+    port: 8083,
+    migrations: &MIGRATIONS,
+    routes: http::router,
+    subscriptions: contracts::topology::ALL,
+    consume,
+};
+
+pub type Settings = service::Settings<PspSettings>;
+
+/// How payments calls the provider.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PspSettings {
     /// The payment provider's base URL.
     #[arg(long, env = "PSP_URL", default_value = "http://127.0.0.1:8090")]
     pub psp_url: String,
@@ -59,51 +56,41 @@ pub struct Settings {
     /// whatever it may have charged is refunded by key, in seconds.
     #[arg(long, env = "PSP_DEADLINE_SECS", default_value_t = 900)]
     pub psp_deadline_secs: u64,
-    #[command(flatten)]
-    pub common: CommonSettings,
 }
 
-/// Starts what `settings.role` asks for on `dbs`: a service's own pools
-/// (`Databases::connect_lazy`) or a test's database.
-pub async fn build(
-    settings: Settings,
-    dbs: Databases,
-    shutdown: ShutdownToken,
-) -> anyhow::Result<Application> {
-    let common = &settings.common;
-    let spec = ServiceSpec {
-        name: contracts::source::PAYMENTS,
-        role: settings.role,
-        port: settings.port,
+impl Default for PspSettings {
+    /// As with no environment.
+    fn default() -> Self {
+        Self {
+            psp_url: "http://127.0.0.1:8090".into(),
+            psp_timeout_ms: 3000,
+            psp_lease_secs: 30,
+            psp_max_in_flight: 64,
+            psp_tenant_in_flight: 16,
+            psp_deadline_secs: 900,
+        }
+    }
+}
+
+fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliability::Result<()> {
+    let (common, psp) = (&settings.common, &settings.service);
+    tasks.consume(
+        dbs,
         common,
-        migrations: &MIGRATIONS,
-        routes: http::router,
-        subscriptions: contracts::topology::ALL,
+        &contracts::topology::PAYMENTS_CHARGES,
+        charges::Charges,
+    )?;
+    let client = provider::Psp::new(&psp.psp_url, Duration::from_millis(psp.psp_timeout_ms));
+    let config = worker::WorkerConfig {
+        lease: Duration::from_secs(psp.psp_lease_secs),
+        max_in_flight: psp.psp_max_in_flight.max(1),
+        tenant_share: psp.psp_tenant_in_flight.max(1),
+        deadline: Duration::from_secs(psp.psp_deadline_secs),
+        ..Default::default()
     };
-    let app = service::launch(spec, dbs, shutdown, |tasks, dbs| {
-        tasks.spawn_consumer(Consumer::new(
-            dbs.app.clone(),
-            &common.amqp_url,
-            charges::consumer_config(common)?,
-            charges::Charges,
-        ));
-        let psp = provider::Psp::new(
-            &settings.psp_url,
-            Duration::from_millis(settings.psp_timeout_ms),
-        );
-        let config = worker::WorkerConfig {
-            lease: Duration::from_secs(settings.psp_lease_secs),
-            max_in_flight: settings.psp_max_in_flight.max(1),
-            tenant_share: settings.psp_tenant_in_flight.max(1),
-            deadline: Duration::from_secs(settings.psp_deadline_secs),
-            ..Default::default()
-        };
-        reliability::metrics::describe(worker::METRICS);
-        let worker = worker::Worker::new(dbs.app.clone(), psp, config, common.fail_points()?);
-        let stop = tasks.shutdown();
-        tasks.spawn("provider worker", async move { worker.run(stop).await });
-        Ok(())
-    })
-    .await?;
-    Ok(app)
+    reliability::metrics::describe(worker::METRICS);
+    let worker = worker::Worker::new(dbs.app.clone(), client, config, common.fail_points()?);
+    let stop = tasks.shutdown();
+    tasks.spawn("provider worker", async move { worker.run(stop).await });
+    Ok(())
 }

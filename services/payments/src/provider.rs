@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use reliability::trace::{Kind, Span};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -59,16 +60,24 @@ impl ChargeReply {
     }
 }
 
-/// The payment's trace carried to the provider: a `traceparent` for a new
-/// span of the worker's current trace (the order's), if it has one.
-fn trace_headers() -> reqwest::header::HeaderMap {
+/// The call as a client step of the worker's trace (the order's), if it has
+/// one, and the `traceparent` that carries it to the provider.
+fn call_step(method: &str, path: &str) -> (Option<Span>, reqwest::header::HeaderMap) {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(ctx) = reliability::trace::current()
-        && let Ok(value) = ctx.child().to_header().parse()
+    let step = Span::child(format!("{method} {path}"), Kind::Client);
+    if let Some(step) = &step
+        && let Ok(value) = step.context().to_header().parse()
     {
         headers.insert(reliability::trace::HEADER, value);
     }
-    headers
+    (step, headers)
+}
+
+/// Ends a call's step: failed unless the provider answered with a result.
+fn end_step<T>(step: Option<Span>, reply: &Reply<T>) {
+    if let (Some(mut step), Reply::Refused(why) | Reply::Retry(why)) = (step, reply) {
+        step.fail(why);
+    }
 }
 
 impl Psp {
@@ -90,15 +99,18 @@ impl Psp {
         key: &str,
         body: serde_json::Value,
     ) -> Reply<T> {
+        let (step, headers) = call_step("POST", path);
         let sent = self
             .http
             .post(format!("{}{path}", self.base_url))
             .header("X-Idempotency-Key", key)
-            .headers(trace_headers())
+            .headers(headers)
             .json(&body)
             .send()
             .await;
-        Self::sort(sent).await
+        let reply = Self::sort(sent).await;
+        end_step(step, &reply);
+        reply
     }
 
     /// What the provider holds under `key` at `path` (`/charges` or
@@ -109,10 +121,11 @@ impl Psp {
         path: &str,
         key: &str,
     ) -> Reply<Option<T>> {
+        let (step, headers) = call_step("GET", path);
         let sent = self
             .http
             .get(format!("{}{path}/{key}", self.base_url))
-            .headers(trace_headers())
+            .headers(headers)
             .send()
             .await;
         if let Ok(resp) = &sent
@@ -120,11 +133,13 @@ impl Psp {
         {
             return Reply::Done(None);
         }
-        match Self::sort(sent).await {
+        let reply = match Self::sort(sent).await {
             Reply::Done(t) => Reply::Done(Some(t)),
             Reply::Refused(e) => Reply::Refused(e),
             Reply::Retry(e) => Reply::Retry(e),
-        }
+        };
+        end_step(step, &reply);
+        reply
     }
 
     async fn sort<T: DeserializeOwned>(sent: reqwest::Result<reqwest::Response>) -> Reply<T> {

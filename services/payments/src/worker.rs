@@ -16,12 +16,13 @@
 //! charged is refunded by key; a refund keeps its key for good.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use reliability::failpoint::FailPoints;
 use reliability::metrics::{Kind, Metric};
 use reliability::service::ShutdownToken;
+use reliability::supervise::Backoff;
 use reliability::{Error, Result, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -127,15 +128,27 @@ impl Worker {
         let mut in_flight: JoinSet<(TenantId, Result<()>)> = JoinSet::new();
         let mut busy: HashMap<TenantId, usize> = HashMap::new();
         let mut listener: Option<PgListener> = None;
+        // While the database is away: retries spread out, not every poll.
+        let (mut claims, mut listens) = (Backoff::default(), Backoff::default());
+        let mut listen_at = Instant::now();
         while !shutdown.is_cancelled() {
-            if listener.is_none() {
+            if listener.is_none() && Instant::now() >= listen_at {
                 listener = self.listen().await;
+                match listener {
+                    Some(_) => listens.reset(),
+                    None => listen_at = Instant::now() + listens.next_delay(),
+                }
             }
             let free = self.config.max_in_flight.saturating_sub(in_flight.len());
+            let mut idle = self.config.poll_interval;
             let claimed = match self.claim(free, &busy).await {
-                Ok(work) => work,
+                Ok(work) => {
+                    claims.reset();
+                    work
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "provider worker cannot claim work");
+                    idle = claims.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?idle, "provider worker cannot claim work");
                     Vec::new()
                 }
             };
@@ -166,7 +179,7 @@ impl Worker {
                     }
                 }
                 ok = woke => if !ok { listener = None },
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = tokio::time::sleep(idle) => {}
             }
         }
         // Calls in flight end within the provider timeout; one cut short
@@ -194,8 +207,10 @@ impl Worker {
         done: std::result::Result<(TenantId, Result<()>), tokio::task::JoinError>,
         busy: &mut HashMap<TenantId, usize>,
     ) -> Result<()> {
-        let (tenant, result) =
-            done.map_err(|e| Error::Config(format!("provider call panicked: {e}")))?;
+        let (tenant, result) = done.map_err(|source| Error::Panicked {
+            task: "provider call".into(),
+            source,
+        })?;
         if let Some(n) = busy.get_mut(&tenant) {
             *n -= 1;
             if *n == 0 {
@@ -274,5 +289,5 @@ impl Worker {
 }
 
 fn tenant_id(id: i64) -> Result<TenantId> {
-    TenantId::new(id).map_err(|e| Error::Config(e.to_string()))
+    Ok(TenantId::new(id)?)
 }

@@ -1,5 +1,4 @@
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use reliability::http::ApiError;
 
 /// Everything the projection's API can fail with, mapped to HTTP in one place.
@@ -13,19 +12,13 @@ pub enum Error {
     Internal(#[from] reliability::Error),
 }
 
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
+impl Error {
+    pub fn api(&self) -> ApiError {
         match self {
-            Self::NotFound => {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found").into_response()
-            }
-            Self::Internal(e) => ApiError::failure(&e).into_response(),
+            Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found"),
+            Self::Internal(e) => ApiError::failure(e),
         }
     }
 }
+
+reliability::service_error!(Error);

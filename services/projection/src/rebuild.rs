@@ -68,9 +68,13 @@ pub async fn rebuild(
             let Some(last) = page.last() else { break };
             after = last.id;
             for event in &page {
-                replayer.apply(event).await.map_err(|e| {
-                    reliability::Error::Config(format!("replaying {}: {e}", event.message_id()))
-                })?;
+                replayer
+                    .apply(event)
+                    .await
+                    .map_err(|e| reliability::Error::Replay {
+                        message_id: event.message_id(),
+                        source: Box::new(e),
+                    })?;
             }
             count += page.len();
             tracing::info!(source = %source, replayed = count, "rebuild progress");

@@ -6,16 +6,11 @@
 //! write would lose one, so they take turns on the order (`lock_key`).
 
 use contracts::{aggregate, event};
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError, payload_lock_key};
+use reliability::TenantTx;
+use reliability::consumer::{Handler, HandlerError, payload_lock_key};
 use reliability::outbox::Envelope;
-use reliability::{TenantTx, service::CommonSettings};
 
 pub const CONSUMER: &str = contracts::topology::PROJECTION_VIEWS.consumer;
-
-/// The queue and bindings of `contracts::topology::PROJECTION_VIEWS`.
-pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(&contracts::topology::PROJECTION_VIEWS)
-}
 
 pub struct Views;
 
@@ -41,12 +36,7 @@ impl Handler for Views {
         if !ORDER_EVENTS.contains(&e.event_type.as_str()) {
             return Ok(());
         }
-        if e.event_version != 1 {
-            return Err(HandlerError::Permanent(format!(
-                "unknown version {} of {}",
-                e.event_version, e.event_type
-            )));
-        }
+        e.check_version(contracts::version(&e.event_type).unwrap_or(1))?;
         let order_id = e.payload["order_id"].as_i64().ok_or_else(|| {
             HandlerError::Permanent(format!("{} without an order_id", e.event_type))
         })?;

@@ -5,9 +5,9 @@
 //! rows it shares with other aggregates (`prepare`: none here).
 
 use reliability::broker::Subscription;
-use reliability::consumer::{ConsumerConfig, Handler, HandlerError};
+use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
-use reliability::{TenantTx, service::CommonSettings};
+use reliability::TenantTx;
 
 use crate::http::ITEM_CREATED;
 
@@ -21,10 +21,6 @@ pub const SUBSCRIPTION: Subscription = Subscription {
 };
 
 pub const CONSUMER: &str = SUBSCRIPTION.consumer;
-
-pub fn consumer_config(common: &CommonSettings) -> reliability::Result<ConsumerConfig> {
-    common.consumer_config(&SUBSCRIPTION)
-}
 
 pub struct Audit;
 

@@ -1,5 +1,4 @@
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use reliability::http::ApiError;
 
 /// Everything a request can fail with in this service, and the one place
@@ -17,12 +16,6 @@ pub enum Error {
     Internal(#[from] reliability::Error),
 }
 
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
 impl Error {
     pub fn api(&self) -> ApiError {
         match self {
@@ -37,8 +30,4 @@ impl Error {
     }
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        self.api().into_response()
-    }
-}
+reliability::service_error!(Error);

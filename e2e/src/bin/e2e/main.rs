@@ -2,7 +2,7 @@
 //! RabbitMQ, put through crashes (`kill -9`, fail points that abort at exact
 //! places), a broker restart, duplicate storms and client retries. After each
 //! scenario it waits (with a deadline) for the system to go quiet, then
-//! checks the invariants of shared/design.md from the databases and the
+//! checks the invariants of ARCHITECTURE.md from the databases and the
 //! provider's charge counts. Prints a table; exits 1 on any violation.
 //!
 //! It runs on databases, ports (908x, 9099), an exchange and queues of its

@@ -1,6 +1,7 @@
 //! Fixtures shared by the tests: a tenant-scoped effect table whose handler
 //! is deliberately NOT idempotent (it adds), so any double apply shows.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -142,6 +143,34 @@ impl Broker {
                 .unwrap();
         }
         out
+    }
+
+    /// The string headers of the next message on `queue` (acked).
+    pub async fn take_headers(&self, queue: &str) -> HashMap<String, String> {
+        let msg = self
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap()
+            .expect("a message");
+        msg.delivery
+            .ack(BasicAckOptions { multiple: false })
+            .await
+            .unwrap();
+        let table = msg
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        table
+            .inner()
+            .keys()
+            .filter_map(|k| {
+                let v = broker::header_str(&msg.delivery.properties, k.as_str())?;
+                Some((k.as_str().to_owned(), v))
+            })
+            .collect()
     }
 
     pub async fn depth(&self, queue: &str) -> u32 {

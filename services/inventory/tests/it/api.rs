@@ -45,6 +45,7 @@ async fn adjustments_below_reserved_or_invalid_get_422_and_change_nothing() {
         json!({"sku": "SKU-1", "delta": 0, "reason": "r"}),
         json!({"sku": "", "delta": 1, "reason": "r"}),
         json!({"sku": "SKU-1", "delta": 1, "reason": ""}),
+        json!({"sku": "SKU-1", "delta": 1, "reason": "nul\u{0}byte"}),
         json!({"sku": "SKU-1", "delta": 2_000_000_000i64, "reason": "r"}),
         json!({"sku": "SKU-1", "delta": i64::MIN, "reason": "overflows abs()"}),
         json!({"sku": "SKU-1", "delta": i64::MAX, "reason": "r"}),

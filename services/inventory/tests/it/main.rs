@@ -5,8 +5,8 @@ mod api;
 mod appliers;
 mod stock;
 
-use inventory::{Settings, build};
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use inventory::{SERVICE, Settings};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 
 pub struct TestApp {
@@ -23,12 +23,12 @@ impl TestApp {
         let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
-            port: 0,
-            database_url: String::new(),
-            common,
+            ..Settings::local(common)
         };
         let stop = ShutdownToken::new();
-        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
+        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
+            .await
+            .unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self { api, db, stop }

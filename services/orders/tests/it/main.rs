@@ -6,8 +6,8 @@ mod appliers;
 mod ops;
 mod saga;
 
-use orders::{Settings, build};
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use orders::{SERVICE, Settings};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{Answer, ApiClient, TestDb, unique};
 use serde_json::Value;
 
@@ -26,12 +26,12 @@ impl TestApp {
         let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
-            port: 0,
-            database_url: String::new(),
-            common,
+            ..Settings::local(common)
         };
         let stop = ShutdownToken::new();
-        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
+        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
+            .await
+            .unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self { api, db, stop }

@@ -4,9 +4,9 @@
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use orders::{Settings, build};
+use orders::{SERVICE, Settings};
 use reliability::broker;
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{TestDb, amqp_url, delete_broker_objects, unique, wait_until};
 use serde_json::Value;
 use std::time::Duration;
@@ -21,9 +21,7 @@ async fn get(port: u16, path: &str) -> (u16, String) {
 fn settings(role: Role, common: CommonSettings) -> Settings {
     Settings {
         role,
-        port: 0,
-        database_url: String::new(),
-        common,
+        ..Settings::local(common)
     }
 }
 
@@ -48,9 +46,14 @@ async fn relay_and_consumer_processes_serve_health_readiness_and_their_metrics()
     let stop = ShutdownToken::new();
     let mut ports = Vec::new();
     for role in [Role::Relay, Role::Consume] {
-        let app = build(settings(role, common.clone()), db.databases(), stop.clone())
-            .await
-            .unwrap();
+        let app = service::start(
+            &SERVICE,
+            settings(role, common.clone()),
+            db.databases(),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
         ports.push(app.ops_port());
         tokio::spawn(app.run_until_stopped());
     }
@@ -101,7 +104,8 @@ async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
         .await
         .unwrap();
     let stop = ShutdownToken::new();
-    let app = build(
+    let app = service::start(
+        &SERVICE,
         settings(Role::Relay, common.clone()),
         db.databases(),
         stop.clone(),

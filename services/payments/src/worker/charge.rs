@@ -3,7 +3,7 @@
 
 use contracts::{aggregate, event};
 use reliability::outbox::{self, NewEvent};
-use reliability::trace::{self, TraceContext};
+use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
@@ -43,11 +43,19 @@ impl Worker {
         .await?;
         tx.commit().await?;
         let Some(p) = leased else { return Ok(()) };
-        let ctx = TraceContext::continue_from(p.traceparent.as_deref());
-        if p.expired {
-            return trace::scope(ctx, self.expire(tenant, payment_id, p)).await;
+        let parent = p.traceparent.as_deref().and_then(TraceContext::parse);
+        let mut step = Span::start(
+            contracts::source::PAYMENTS,
+            "charge payment",
+            Kind::Internal,
+            parent,
+        );
+        step.set("tenant.id", tenant.get());
+        step.set("payment.attempt", i64::from(p.attempts) + 1);
+        match p.expired {
+            true => step.run(self.expire(tenant, payment_id, p)).await,
+            false => step.run(self.charge_leased(tenant, payment_id, p)).await,
         }
-        trace::scope(ctx, self.charge_leased(tenant, payment_id, p)).await
     }
 
     async fn charge_leased(&self, tenant: TenantId, payment_id: i64, p: Payment) -> Result<()> {

@@ -2,7 +2,7 @@
 
 use contracts::{aggregate, event};
 use reliability::outbox::{self, NewEvent};
-use reliability::trace::{self, TraceContext};
+use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
@@ -36,8 +36,15 @@ impl Worker {
         .await?;
         tx.commit().await?;
         let Some(r) = leased else { return Ok(()) };
-        let ctx = TraceContext::continue_from(r.traceparent.as_deref());
-        trace::scope(ctx, self.refund_leased(tenant, refund_id, r)).await
+        let parent = r.traceparent.as_deref().and_then(TraceContext::parse);
+        let mut step = Span::start(
+            contracts::source::PAYMENTS,
+            "refund payment",
+            Kind::Internal,
+            parent,
+        );
+        step.set("tenant.id", tenant.get());
+        step.run(self.refund_leased(tenant, refund_id, r)).await
     }
 
     async fn refund_leased(&self, tenant: TenantId, refund_id: i64, r: Refund) -> Result<()> {

@@ -11,11 +11,11 @@ use std::time::Duration;
 use payments::charges::{CONSUMER, Charges};
 use payments::provider::Psp;
 use payments::worker::{Worker, WorkerConfig};
-use payments::{Settings, build};
+use payments::{PspSettings, SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
 use reliability::outbox::Envelope;
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::json;
 
@@ -42,17 +42,16 @@ impl TestApp {
         let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
-            port: 0,
-            database_url: String::new(),
-            psp_url: psp_url.clone(),
-            psp_timeout_ms: 500,
-            psp_lease_secs: 30,
-            psp_max_in_flight: 64,
-            psp_tenant_in_flight: 16,
-            psp_deadline_secs: 900,
-            common,
+            service: PspSettings {
+                psp_url: psp_url.clone(),
+                psp_timeout_ms: 500,
+                ..Default::default()
+            },
+            ..Settings::local(common)
         };
-        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
+        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
+            .await
+            .unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         Self {

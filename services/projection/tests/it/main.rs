@@ -5,10 +5,10 @@ mod appliers;
 
 use contracts::event;
 use projection::views::{CONSUMER, Views};
-use projection::{Settings, build};
+use projection::{SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::{Value, json};
 
@@ -19,13 +19,12 @@ async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     let jwt = common.jwt_keys();
     let settings = Settings {
         role: Role::Serve,
-        port: 0,
-        database_url: String::new(),
-        rebuild_from: vec![],
-        common,
+        ..Settings::local(common)
     };
     let stop = ShutdownToken::new();
-    let app = build(settings, db.databases(), stop.clone()).await.unwrap();
+    let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
+        .await
+        .unwrap();
     let api = ApiClient::new(app.port(), jwt);
     tokio::spawn(app.run_until_stopped());
     (api, db, stop)

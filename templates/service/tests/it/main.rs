@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
-use __SERVICE__::{Settings, build};
+use __SERVICE__::Settings;
 
 struct TestApp {
     api: ApiClient,
@@ -27,12 +27,10 @@ impl TestApp {
         let exchange = common.exchange.clone();
         let settings = Settings {
             role: Role::All,
-            port: 0,
-            database_url: String::new(),
-            common,
+            ..Settings::local(common)
         };
         let stop = ShutdownToken::new();
-        let app = build(settings, db.databases(), stop.clone()).await.unwrap();
+        let app = service::start(&__SERVICE__::SERVICE, settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
         let queue = format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER);

@@ -100,7 +100,7 @@ enum Command {
         )]
         amqp_url: String,
         /// The events exchange.
-        #[arg(long, env = "EVENTS_EXCHANGE", default_value = "commerce.events")]
+        #[arg(long, env = "EVENTS_EXCHANGE", default_value = contracts::EXCHANGE)]
         exchange: String,
         /// Prefix of every queue name, as the services are given it.
         #[arg(long, env = "QUEUE_PREFIX", default_value = "")]

@@ -1,0 +1,168 @@
+//! One order is one trace across the four services, exported over
+//! OTLP/HTTP JSON: an in-test collector receives the spans of every step
+//! (the request, each enqueue, publish and apply, the charge and its
+//! provider call), all under the order's trace id, as one tree.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use e2e::Stack;
+use serde_json::Value;
+
+/// One received span: its service (the resource's `service.name`), name,
+/// ids and parent.
+#[derive(Debug, Clone)]
+struct Received {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+}
+
+type Inbox = Arc<Mutex<Vec<Received>>>;
+
+/// An OTLP/HTTP JSON receiver: `POST /v1/traces` with an
+/// `ExportTraceServiceRequest`.
+async fn collector() -> (String, Inbox) {
+    let inbox = Inbox::default();
+    let app = Router::new()
+        .route("/v1/traces", post(receive))
+        .with_state(inbox.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, inbox)
+}
+
+async fn receive(State(inbox): State<Inbox>, body: axum::body::Bytes) -> &'static str {
+    let request: Value = serde_json::from_slice(&body).expect("OTLP JSON");
+    let mut spans = inbox.lock().unwrap();
+    for rs in request["resourceSpans"].as_array().into_iter().flatten() {
+        let service = rs["resource"]["attributes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["key"] == "service.name")
+            .and_then(|a| a["value"]["stringValue"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+            for span in ss["spans"].as_array().into_iter().flatten() {
+                let text = |k: &str| span[k].as_str().unwrap_or("").to_lowercase();
+                spans.push(Received {
+                    service: service.clone(),
+                    name: text("name"),
+                    trace_id: text("traceId"),
+                    span_id: text("spanId"),
+                    parent: text("parentSpanId"),
+                });
+            }
+        }
+    }
+    "{}"
+}
+
+#[tokio::test]
+async fn one_order_is_one_trace_across_the_four_services() {
+    let (url, inbox) = collector().await;
+    let stack = Stack::start_with(|common| common.otlp_endpoint = Some(url))
+        .await
+        .unwrap();
+    stack.stock(7, "SKU-T", 5).await;
+    let order_id = stack.order(7, "c-7", "SKU-T", 1).await;
+    let view = stack.settled(7, order_id).await;
+    assert_eq!(view["status"], "confirmed", "{view}");
+
+    // The trace id the order's first event carries is the exported one.
+    let placed: String = sqlx::query_scalar(
+        "SELECT headers->>'traceparent' FROM outbox_messages
+         WHERE aggregate_id = $1 AND event_type = 'OrderPlaced'",
+    )
+    .bind(order_id.to_string())
+    .fetch_one(&stack.dbs.orders.owner)
+    .await
+    .unwrap();
+    let trace_id = placed.split('-').nth(1).unwrap().to_owned();
+
+    let wanted: [(&str, &str); 9] = [
+        ("orders", "post /orders"),
+        ("orders", "enqueue orderplaced"),
+        ("orders", "publish orderplaced"),
+        ("inventory", "apply orderplaced"),
+        ("payments", "charge payment"),
+        ("payments", "post /charges"),
+        ("orders", "apply paymentcaptured"),
+        ("orders", "publish orderconfirmed"),
+        ("projection", "apply orderconfirmed"),
+    ];
+    let trace = |inbox: &Inbox| -> Vec<Received> {
+        let all = inbox.lock().unwrap();
+        all.iter()
+            .filter(|s| s.trace_id == trace_id)
+            .cloned()
+            .collect()
+    };
+    // Complete: every step arrived, and every parent is a span of the trace
+    // but the request's (one tree, not pieces joined only by the id). What
+    // is still missing is named if the deadline passes.
+    let missing = |spans: &[Received]| -> Vec<String> {
+        let ids: BTreeSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+        let have: BTreeSet<(&str, &str)> = spans
+            .iter()
+            .map(|s| (s.service.as_str(), s.name.as_str()))
+            .collect();
+        let mut missing: Vec<String> = wanted
+            .iter()
+            .filter(|w| !have.contains(*w))
+            .map(|(service, name)| format!("{service} {name}"))
+            .collect();
+        missing.extend(
+            spans
+                .iter()
+                .filter(|s| !s.parent.is_empty() && !ids.contains(s.parent.as_str()))
+                .map(|s| format!("the parent of {} {}", s.service, s.name)),
+        );
+        missing
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let spans = trace(&inbox);
+        let gaps = missing(&spans);
+        if gaps.is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "after 30 s, {} spans of the order's trace ({} received in all); missing: {gaps:?}",
+            spans.len(),
+            inbox.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let spans = trace(&inbox);
+    let root: Vec<&Received> = spans.iter().filter(|s| s.parent.is_empty()).collect();
+    assert_eq!(root.len(), 1, "one root: {root:?}");
+    assert_eq!(
+        (root[0].service.as_str(), root[0].name.as_str()),
+        ("orders", "post /orders")
+    );
+    let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(
+        services,
+        BTreeSet::from(["inventory", "orders", "payments", "projection"])
+    );
+    // The apply of OrderPlaced in inventory is the child of orders' publish.
+    let by_id: HashMap<&str, &Received> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    let apply = spans
+        .iter()
+        .find(|s| s.service == "inventory" && s.name == "apply orderplaced")
+        .unwrap();
+    assert_eq!(by_id[apply.parent.as_str()].name, "publish orderplaced");
+    stack.stop().await;
+}

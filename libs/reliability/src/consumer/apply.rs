@@ -1,0 +1,195 @@
+//! Applying events exactly once: the aggregate lock, the dedup record and
+//! offset, the handler and the commit, one event or a group at a time.
+
+use std::collections::HashSet;
+
+use lapin::message::Delivery;
+
+use crate::failpoint;
+use crate::outbox::Envelope;
+use crate::{Error, Result, TenantTx};
+
+use super::delivery::apply_span;
+use super::{ApplyError, Consumer, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of};
+
+impl<H: Handler> Consumer<H> {
+    /// Applies `event` once: aggregate lock, dedup record and offset,
+    /// handler, commit. Safe beside running consumers of the same name (a
+    /// replay, a rebuild).
+    pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
+        self.apply_one(event, Lane::new(0)).await
+    }
+
+    pub(super) async fn apply_one(
+        &self,
+        event: &Envelope,
+        lane: Lane,
+    ) -> Result<Outcome, ApplyError> {
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
+        self.lock_aggregates(&mut tx, &[event]).await?;
+        let fresh = self.record(&mut tx, &[event], lane).await?;
+        let outcome = if fresh.is_empty() {
+            Outcome::Duplicate
+        } else {
+            self.handler.prepare(&mut tx, &[event]).await?;
+            self.handle(&mut tx, event).await?;
+            self.before_commit()?;
+            Outcome::Applied
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Applies a group of events in one transaction; all commit or none.
+    /// The group is taken tenant by tenant (a stable sort: each tenant's
+    /// events keep their delivery order; different tenants share nothing),
+    /// so each tenant costs one `set_config` and one statement that records
+    /// all its events and advances its offsets; then the handler prepares
+    /// and runs for each fresh event. A message seen twice in the group is
+    /// applied the first time, a duplicate after.
+    ///
+    /// Lock order, the same in every applier: every aggregate of the group
+    /// (sorted), then per tenant (ascending) its progress rows and what the
+    /// handler's `prepare` locks. No two appliers can wait on each other in
+    /// a circle.
+    pub(super) async fn apply_group(
+        &self,
+        group: &[(Delivery, Envelope)],
+        lane: Lane,
+    ) -> Result<Vec<Outcome>, ApplyError> {
+        let mut order: Vec<usize> = (0..group.len()).collect();
+        order.sort_by_key(|&i| group[i].1.tenant_id);
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
+        let all: Vec<&Envelope> = group.iter().map(|(_, e)| e).collect();
+        self.lock_aggregates(&mut tx, &all).await?;
+        let mut outcomes = vec![Outcome::Duplicate; group.len()];
+        for run in order.chunk_by(|&a, &b| group[a].1.tenant_id == group[b].1.tenant_id) {
+            tx.rescope(tenant_of(&group[run[0]].1)?).await?;
+            let events: Vec<&Envelope> = run.iter().map(|&i| &group[i].1).collect();
+            let mut fresh = self.record(&mut tx, &events, lane).await?;
+            let to_apply: Vec<usize> = run
+                .iter()
+                .copied()
+                .filter(|&i| fresh.remove(&(group[i].1.source.clone(), group[i].1.id)))
+                .collect();
+            if to_apply.is_empty() {
+                continue;
+            }
+            let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
+            self.handler.prepare(&mut tx, &fresh_events).await?;
+            for i in to_apply {
+                let (delivery, event) = &group[i];
+                let step = apply_span(&self.config, delivery, event);
+                step.run(self.handle(&mut tx, event)).await?;
+                outcomes[i] = Outcome::Applied;
+            }
+        }
+        if outcomes.contains(&Outcome::Applied) {
+            self.before_commit()?;
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// Takes the transaction-scoped advisory lock of every aggregate the
+    /// events change, in ascending key order, in one statement. A key is
+    /// the consumer, the tenant and the handler's lock key, hashed: the
+    /// same in every process.
+    async fn lock_aggregates(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+    ) -> Result<(), ApplyError> {
+        let mut keys: Vec<i64> = events
+            .iter()
+            .filter_map(|e| {
+                self.handler
+                    .lock_key(e)
+                    .map(|k| lock_id(&self.config.name, e.tenant_id, &k))
+            })
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        // PostgreSQL evaluates volatile output expressions after ORDER BY,
+        // so the locks are taken in this order.
+        sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k")
+            .bind(&keys)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// One statement for any number of one tenant's events: the dedup
+    /// records (the ones that already exist are duplicates) and, per
+    /// source, the lane's progress stripe (highest id seen, events applied,
+    /// duplicates absorbed; shown by `reliability offsets` and the e2e
+    /// table). Returns the `(source, id)` pairs recorded now: the events to
+    /// apply.
+    async fn record(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+        lane: Lane,
+    ) -> Result<HashSet<(String, i64)>, ApplyError> {
+        let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let fresh: Vec<(String, i64)> = sqlx::query_as(
+            "WITH seen AS (
+                 SELECT * FROM unnest($3::text[], $4::bigint[]) AS s (source, message_id)
+             ), fresh AS (
+                 INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+                 SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
+                 ORDER BY source, message_id -- one lock order for concurrent appliers
+                 ON CONFLICT DO NOTHING
+                 RETURNING source, message_id
+             ), progress AS (
+                 SELECT source, max(message_id) AS last_seen, count(*) AS seen,
+                        (SELECT count(*) FROM fresh f WHERE f.source = s.source) AS applied
+                 FROM seen s GROUP BY source
+             ), bumped AS (
+                 INSERT INTO consumer_offsets (tenant_id, consumer, source, stripe, last_seen_id, applied_count, duplicate_count)
+                 SELECT $1, $2, source, $5, last_seen, applied, seen - applied FROM progress ORDER BY source
+                 ON CONFLICT (tenant_id, consumer, source, stripe) DO UPDATE
+                 SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
+                     applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
+                     duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
+                     updated_at = now()
+             )
+             SELECT source, message_id FROM fresh",
+        )
+        .bind(tx.tenant().get())
+        .bind(&self.config.name)
+        .bind(&sources)
+        .bind(&ids)
+        .bind(lane.stripe)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(fresh.into_iter().collect())
+    }
+
+    fn before_commit(&self) -> Result<(), ApplyError> {
+        match self
+            .config
+            .fail_points
+            .check(failpoint::CONSUMER_BEFORE_COMMIT)
+        {
+            Err(Error::FailPoint(name)) => Err(ApplyError::FailPoint(name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The handler for a freshly recorded event, in `tx` (not committed).
+    #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
+    async fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> Result<(), ApplyError> {
+        if let Err(Error::FailPoint(name)) =
+            self.config.fail_points.check(failpoint::CONSUMER_HANDLER)
+        {
+            return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
+        }
+        self.handler.handle(tx, event).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,320 @@
+//! The broker side: consuming in lanes, reconnecting, grouping waiting
+//! deliveries, and settling each (ack, retry or dead-letter) after its apply.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::types::FieldTable;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::broker;
+use crate::failpoint;
+use crate::outbox::Envelope;
+use crate::supervise::supervise;
+use crate::trace::{Kind, Span, TraceContext};
+use crate::{Error, Result};
+
+use super::{
+    ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, is_outage,
+};
+
+impl<H: Handler> Consumer<H> {
+    /// Consumes until `shutdown`, reconnecting after broker or database
+    /// outages. Stops between messages, never inside one. Returns an error
+    /// only when a fail point fired (the simulated crash).
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let what = format!("consumer {} lost its broker", self.config.name);
+        let part = self.health_part();
+        supervise(&part, &what, &self.health, &shutdown, || {
+            self.run_connected(&shutdown)
+        })
+        .await
+    }
+
+    /// One connection, one channel per lane. When one lane fails the others
+    /// stop too (their transactions roll back, their deliveries go back to
+    /// the queue when the connection closes) and all reconnect together.
+    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
+        let conn =
+            broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
+        self.health.ready(&self.health_part());
+        let lanes = self.config.lanes.max(1);
+        let stop_lanes = shutdown.child_token();
+        let result = futures_util::future::try_join_all((0..lanes).map(|i| {
+            let stop = stop_lanes.clone();
+            let conn = &conn;
+            async move {
+                let r = self.consume(conn, &stop, Lane::new(i)).await;
+                if r.is_err() {
+                    stop.cancel();
+                }
+                r
+            }
+        }))
+        .await
+        .map(|_| ());
+        // Closing hands unacked deliveries back to the broker now rather than
+        // at the heartbeat timeout; after a simulated crash too.
+        let _ = broker::bounded(conn.close(200, "consumer stopped".into())).await;
+        result
+    }
+
+    async fn consume(
+        &self,
+        conn: &lapin::Connection,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<()> {
+        let channel = broker::bounded(conn.create_channel()).await?;
+        broker::bounded(broker::declare_queue(&channel, &self.config.queue)).await?;
+        broker::bounded(channel.basic_qos(self.config.prefetch, BasicQosOptions { global: false }))
+            .await?;
+        let tag = format!("{}-{}", self.config.name, uuid::Uuid::new_v4());
+        let mut deliveries = broker::bounded(channel.basic_consume(
+            self.config.queue.queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions {
+                no_local: false,
+                no_ack: false,    // ack only after the commit
+                exclusive: false, // lanes and replicas compete on the queue
+                nowait: false,
+            },
+            FieldTable::default(),
+        ))
+        .await?;
+        tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, lane = lane.index, "consumer connected");
+        let mut gauges = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            let delivery = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                _ = gauges.tick() => {
+                    // A connection can die without the delivery stream ending:
+                    // never sit on a dead channel.
+                    if !channel.status().connected() || !conn.status().connected() {
+                        return Err(Error::ChannelClosed("consumer channel"));
+                    }
+                    if lane.index == 0 {
+                        let dlq = broker::dead_letter_queue(&self.config.queue.queue);
+                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
+                            metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
+                        }
+                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &self.config.queue.queue)).await {
+                            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
+                        }
+                    }
+                    continue;
+                }
+                next = deliveries.next() => match next {
+                    Some(d) => d?,
+                    None => return Err(Error::ChannelClosed("consumer stream")),
+                },
+            };
+            // Whatever else is already waiting joins it: one commit for all.
+            let mut group = vec![delivery];
+            while group.len() < self.config.batch_max {
+                match deliveries.next().now_or_never() {
+                    Some(Some(d)) => group.push(d?),
+                    _ => break,
+                }
+            }
+            let carry_on = if group.len() == 1 {
+                self.process(group.remove(0), shutdown, lane).await?
+            } else {
+                self.process_group(group, shutdown, lane).await?
+            };
+            if !carry_on {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Handles one delivery to its end (acked or dead-lettered). Returns
+    /// false if shutdown came while it waited to retry (left unacked: the
+    /// broker redelivers it to the next consumer).
+    async fn process(
+        &self,
+        delivery: Delivery,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        match self.parse(&delivery).await? {
+            Some(event) => self.settle_traced(delivery, event, shutdown, lane).await,
+            None => Ok(true),
+        }
+    }
+
+    /// The envelope, or None once a malformed delivery is dead-lettered.
+    async fn parse(&self, delivery: &Delivery) -> Result<Option<Envelope>> {
+        match serde_json::from_slice(&delivery.data) {
+            Ok(e) => Ok(Some(e)),
+            Err(e) => {
+                tracing::error!(consumer = %self.config.name, error = %e, "malformed message; dead-lettering");
+                self.dead_letter(delivery, "malformed").await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Several waiting deliveries in one transaction, acked after its commit.
+    /// If any fails, the group rolls back and each goes the one-at-a-time
+    /// way with its own retries and dead-lettering.
+    async fn process_group(
+        &self,
+        group: Vec<Delivery>,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        let mut parsed = Vec::with_capacity(group.len());
+        for delivery in group {
+            if let Some(event) = self.parse(&delivery).await? {
+                parsed.push((delivery, event));
+            }
+        }
+        if parsed.is_empty() {
+            return Ok(true);
+        }
+        match self.apply_group(&parsed, lane).await {
+            Ok(outcomes) => {
+                self.config
+                    .fail_points
+                    .check(failpoint::CONSUMER_AFTER_COMMIT)?;
+                // One ack for the group: every earlier delivery on this
+                // channel is settled already (a lane handles its deliveries
+                // in turn, and each lane has a channel of its own).
+                let (last, _) = parsed.last().expect("a group is never empty");
+                broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
+                for outcome in outcomes {
+                    self.count(outcome);
+                    self.stats.grouped.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(true)
+            }
+            Err(ApplyError::FailPoint(name)) => Err(Error::FailPoint(name)),
+            Err(ApplyError::Handler(e)) => {
+                tracing::debug!(consumer = %self.config.name, error = %e, size = parsed.len(), "group failed; applying one at a time");
+                self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::CONSUMER_GROUP_FALLBACKS, "consumer" => self.config.name.clone())
+                    .increment(1);
+                for (delivery, event) in parsed {
+                    if !self.settle_traced(delivery, event, shutdown, lane).await? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    async fn settle_traced(
+        &self,
+        delivery: Delivery,
+        event: Envelope,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        let step = apply_span(&self.config, &delivery, &event);
+        let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
+                                       event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %step.context().trace_id());
+        step.run(self.settle(delivery, event, shutdown, lane))
+            .instrument(span)
+            .await
+    }
+
+    fn count(&self, outcome: Outcome) {
+        let (label, counter) = match outcome {
+            Outcome::Applied => ("applied", &self.stats.applied),
+            Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::CONSUMER_MESSAGES, "consumer" => self.config.name.clone(), "outcome" => label)
+            .increment(1);
+        metrics::gauge!(crate::metrics::CONSUMER_LAST_APPLIED, "consumer" => self.config.name.clone())
+            .set(chrono::Utc::now().timestamp_millis() as f64 / 1000.0);
+    }
+
+    /// Applies, retries and finally acks or dead-letters one parsed delivery.
+    async fn settle(
+        &self,
+        delivery: Delivery,
+        event: Envelope,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        let mut tries = 0;
+        let mut outage_delay = Duration::from_millis(100);
+        loop {
+            let failure = match self.apply_one(&event, lane).await {
+                Ok(outcome) => {
+                    self.config
+                        .fail_points
+                        .check(failpoint::CONSUMER_AFTER_COMMIT)?;
+                    broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                    self.count(outcome);
+                    return Ok(true);
+                }
+                Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
+                Err(ApplyError::Handler(e)) => e,
+            };
+            let wait = match &failure {
+                HandlerError::Permanent(_) => None,
+                HandlerError::Database(e) if is_outage(e) => {
+                    outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
+                    Some(outage_delay)
+                }
+                HandlerError::Reliability(e) if e.is_unavailable() => {
+                    outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
+                    Some(outage_delay)
+                }
+                _ => {
+                    tries += 1;
+                    (tries < self.config.max_attempts).then(|| self.config.retry_delay * tries)
+                }
+            };
+            let Some(wait) = wait else {
+                tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");
+                self.dead_letter(&delivery, "handler_failed").await?;
+                return Ok(true);
+            };
+            tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::CONSUMER_RETRIES, "consumer" => self.config.name.clone())
+                .increment(1);
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(false),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &'static str) -> Result<()> {
+        broker::bounded(delivery.reject(BasicRejectOptions { requeue: false })).await?;
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::CONSUMER_DEAD_LETTERED, "consumer" => self.config.name.clone(), "reason" => reason)
+            .increment(1);
+        Ok(())
+    }
+}
+
+/// The step that applies `event` for `consumer`: a child of the trace the
+/// message carries, or a new root. The consumer's service is its name's
+/// first part (`inventory.stock`: inventory).
+pub(super) fn apply_span(consumer: &ConsumerConfig, delivery: &Delivery, event: &Envelope) -> Span {
+    let header = broker::header_str(&delivery.properties, crate::trace::HEADER);
+    let service = consumer.name.split('.').next().unwrap_or(&consumer.name);
+    let parent = header.as_deref().and_then(TraceContext::parse);
+    let mut span = Span::start(
+        service,
+        format!("apply {}", event.event_type),
+        Kind::Consumer,
+        parent,
+    );
+    span.set("messaging.system", "rabbitmq");
+    span.set("messaging.destination.name", consumer.queue.queue.clone());
+    span.set("messaging.message.id", event.message_id());
+    span.set("tenant.id", event.tenant_id);
+    span
+}

@@ -1,0 +1,370 @@
+//! Claiming due rows, publishing them with confirms (one batch, or a
+//! window of batches in flight), and recording what the confirms say.
+
+use std::collections::VecDeque;
+
+use serde_json::Value;
+
+use crate::Result;
+use crate::broker::{self, Outgoing, Publisher};
+use crate::failpoint;
+use crate::outbox::Envelope;
+use crate::trace::{Kind, Span, TraceContext};
+
+use super::{BatchReport, Claimed, InFlight, Relay, RelayConfig};
+
+impl Relay {
+    /// Claims, publishes and marks one batch of due rows.
+    #[tracing::instrument(skip_all, fields(source = %self.config.source))]
+    pub async fn relay_batch(&self, publisher: &Publisher) -> Result<BatchReport> {
+        // A queue deleted since the publisher opened would silently miss
+        // these events (the others' queues still take them, so nothing is
+        // returned): check first; the reconnect declares it again.
+        publisher.require_queues(&self.config.topology).await?;
+        let tx = self.pool.begin().await?;
+        match self.claim_and_send(tx, publisher).await? {
+            Some(batch) => self.settle(batch).await,
+            None => Ok(BatchReport::default()),
+        }
+    }
+
+    /// Claims a batch in `tx` (which stays open, holding the rows) and
+    /// publishes it without waiting for the confirms. None: nothing is due.
+    async fn claim_and_send(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        publisher: &Publisher,
+    ) -> Result<Option<InFlight>> {
+        let rows: Vec<Claimed> = sqlx::query_as(
+            "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                    payload, headers, occurred_at
+             FROM outbox_messages
+             WHERE processed_at IS NULL AND available_at <= now()
+             ORDER BY id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(self.config.batch_size)
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(None);
+        }
+        self.config
+            .fail_points
+            .check(failpoint::RELAY_BEFORE_PUBLISH)?;
+        let (outgoing, steps): (Vec<Outgoing>, Vec<Option<Span>>) = rows
+            .iter()
+            .map(|r| self.outgoing(r))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let sent = publisher.send(&outgoing).await;
+        Ok(Some(InFlight {
+            tx,
+            rows,
+            sent,
+            steps,
+        }))
+    }
+
+    /// Awaits a sent batch's confirms and records what they say: confirmed
+    /// rows processed, refused ones backed off (or moved to the DLQ table),
+    /// unconfirmed ones left as they were. Then commits, releasing the rows.
+    async fn settle(&self, batch: InFlight) -> Result<BatchReport> {
+        let InFlight {
+            mut tx,
+            rows,
+            sent,
+            mut steps,
+        } = batch;
+        let results = sent.settle().await;
+        for (step, result) in steps.iter_mut().zip(&results) {
+            if let (Some(step), Err(e)) = (step, result) {
+                step.fail(e);
+            }
+        }
+        drop(steps);
+
+        // The broker has the messages; a crash from here to the commit means
+        // they are published again (I1 says at least once; consumers dedup).
+        self.config
+            .fail_points
+            .check(failpoint::RELAY_AFTER_CONFIRM)?;
+
+        let mut done = Vec::new();
+        let (mut failed_ids, mut failed_errors) = (Vec::new(), Vec::new());
+        let mut unconfirmed = 0;
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Ok(()) => done.push(row.id),
+                Err(e) if !e.is_refusal() => {
+                    // Says nothing about the row: it stays as it was, due.
+                    unconfirmed += 1;
+                    tracing::debug!(outbox_id = row.id, error = %e, "not confirmed; left pending");
+                }
+                Err(e) => {
+                    tracing::warn!(outbox_id = row.id, event_type = %row.event_type, error = %e, "publish failed");
+                    metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES, "source" => self.config.source.clone(), "event_type" => row.event_type.clone())
+                        .increment(1);
+                    failed_ids.push(row.id);
+                    failed_errors.push(e.to_string());
+                }
+            }
+        }
+
+        mark_processed(&mut tx, &done).await?;
+        let dead_lettered = if failed_ids.is_empty() {
+            0
+        } else {
+            let moved = move_to_dlq(
+                &mut tx,
+                &failed_ids,
+                &failed_errors,
+                self.config.max_attempts,
+            )
+            .await?;
+            schedule_retry(&mut tx, &failed_ids, &failed_errors, &self.config).await?;
+            moved
+        };
+        tx.commit().await?;
+
+        metrics::counter!(crate::metrics::OUTBOX_PUBLISHED, "source" => self.config.source.clone())
+            .increment(done.len() as u64);
+        if dead_lettered > 0 {
+            tracing::error!(
+                count = dead_lettered,
+                "outbox rows moved to the DLQ table after too many attempts"
+            );
+        }
+        if unconfirmed > 0 {
+            metrics::counter!(crate::metrics::OUTBOX_UNCONFIRMED, "source" => self.config.source.clone())
+                .increment(unconfirmed as u64);
+        }
+        Ok(BatchReport {
+            claimed: rows.len(),
+            published: done.len(),
+            failed: failed_ids.len(),
+            dead_lettered,
+            unconfirmed,
+        })
+    }
+
+    /// Keeps the broker busy across batches: up to `batches_in_flight`
+    /// batches are claimed and published while the oldest one's confirms are
+    /// awaited, and each is marked as its confirms arrive, oldest first (so
+    /// a returned message is always matched to its row, see
+    /// [`crate::broker::Sent::settle`]). Returns when nothing more is due
+    /// and every batch is settled.
+    pub async fn relay_window(&self, publisher: &Publisher) -> Result<BatchReport> {
+        Ok(self.window_pass(publisher, usize::MAX).await?.0)
+    }
+
+    /// [`Relay::relay_window`], claiming at most `max_batches`; and whether
+    /// more may be due (it stopped at the limit, not for lack of rows).
+    pub(super) async fn window_pass(
+        &self,
+        publisher: &Publisher,
+        max_batches: usize,
+    ) -> Result<(BatchReport, bool)> {
+        let mut total = BatchReport::default();
+        let mut window: VecDeque<InFlight> = VecDeque::new();
+        let (mut more, mut claimed) = (true, 0);
+        loop {
+            if claimed >= max_batches && more {
+                more = false;
+                if window.is_empty() {
+                    return Ok((total, true));
+                }
+            }
+            if more {
+                publisher.require_queues(&self.config.topology).await?;
+            }
+            while more
+                && window.len() < self.config.batches_in_flight.max(1)
+                && claimed < max_batches
+            {
+                // With batches in flight, never wait for a connection: the
+                // pool may be full of our own (or other relays') claims,
+                // released only as their confirms settle. Settle first.
+                let tx = if window.is_empty() {
+                    self.pool.begin().await?
+                } else {
+                    match self.pool.try_begin().await? {
+                        Some(tx) => tx,
+                        None => break,
+                    }
+                };
+                match self.claim_and_send(tx, publisher).await? {
+                    Some(batch) => {
+                        more = batch.rows.len() as i64 == self.config.batch_size;
+                        claimed += 1;
+                        window.push_back(batch);
+                    }
+                    None => more = false,
+                }
+            }
+            let Some(oldest) = window.pop_front() else {
+                let at_limit = claimed >= max_batches && total.unconfirmed == 0;
+                return Ok((total, at_limit));
+            };
+            let report = self.settle(oldest).await?;
+            total.add(report);
+            if report.unconfirmed > 0 {
+                // Blocked or gone: claim nothing more before what is in
+                // flight has settled.
+                more = false;
+            }
+        }
+    }
+
+    /// Relays until none is due, with the window of batches in flight. For
+    /// tests and one-shot tools.
+    pub async fn drain(&self, publisher: &Publisher) -> Result<BatchReport> {
+        let mut total = BatchReport::default();
+        loop {
+            let report = self.relay_window(publisher).await?;
+            total.add(report);
+            if report.claimed == 0 || report.published == 0 || report.unconfirmed > 0 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The message for `row`, and when the row is traced, the publish step
+    /// whose `traceparent` the message carries instead of the enqueue's.
+    fn outgoing(&self, row: &Claimed) -> Result<(Outgoing, Option<Span>)> {
+        let envelope = Envelope {
+            id: row.id,
+            source: self.config.source.clone(),
+            tenant_id: row.tenant_id,
+            aggregate_type: row.aggregate_type.clone(),
+            aggregate_id: row.aggregate_id.clone(),
+            event_type: row.event_type.clone(),
+            event_version: row.event_version,
+            occurred_at: row.occurred_at,
+            payload: row.payload.clone(),
+        };
+        let mut headers = match &row.headers {
+            Value::Object(map) => map.clone(),
+            _ => Default::default(),
+        };
+        headers.extend(cloud_event_attributes(&envelope));
+        let parent = headers
+            .get(crate::trace::HEADER)
+            .and_then(Value::as_str)
+            .and_then(TraceContext::parse);
+        let step = parent.map(|parent| {
+            let mut step = Span::start(
+                &self.config.source,
+                format!("publish {}", row.event_type),
+                Kind::Producer,
+                Some(parent),
+            );
+            step.set("messaging.system", "rabbitmq");
+            step.set("messaging.destination.name", self.config.exchange.clone());
+            step.set("messaging.message.id", envelope.message_id());
+            headers.insert(
+                crate::trace::HEADER.to_owned(),
+                Value::String(step.context().to_header()),
+            );
+            step
+        });
+        let message = Outgoing {
+            routing_key: envelope.routing_key(),
+            message_id: envelope.message_id(),
+            kind: envelope.event_type.clone(),
+            headers: broker::headers_from_json(&headers),
+            body: serde_json::to_vec(&envelope)?,
+        };
+        Ok((message, step))
+    }
+}
+
+async fn mark_processed(tx: &mut sqlx::PgConnection, ids: &[i64]) -> Result<()> {
+    if !ids.is_empty() {
+        sqlx::query("UPDATE outbox_messages SET processed_at = now() WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Moves the rows whose next attempt would exceed `max_attempts` to the DLQ
+/// table; returns how many.
+async fn move_to_dlq(
+    tx: &mut sqlx::PgConnection,
+    ids: &[i64],
+    errors: &[String],
+    max_attempts: i32,
+) -> Result<usize> {
+    let moved = sqlx::query(
+        "WITH failed AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS f(id, error)),
+              moved AS (
+                DELETE FROM outbox_messages o USING failed
+                WHERE o.id = failed.id AND o.attempts + 1 > $3
+                RETURNING o.*, failed.error)
+         INSERT INTO outbox_messages_dlq
+             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+              payload, headers, occurred_at, attempts, last_error)
+         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                payload, headers, occurred_at, attempts + 1, error
+         FROM moved",
+    )
+    .bind(ids)
+    .bind(errors)
+    .bind(max_attempts)
+    .execute(tx)
+    .await?;
+    Ok(moved.rows_affected() as usize)
+}
+
+/// Backs the remaining failed rows off: `attempts + 1`, and due again after
+/// `LEAST(attempts + 1, max_steps) * step`.
+async fn schedule_retry(
+    tx: &mut sqlx::PgConnection,
+    ids: &[i64],
+    errors: &[String],
+    config: &RelayConfig,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE outbox_messages o
+         SET attempts = o.attempts + 1,
+             available_at = now() + LEAST(o.attempts + 1, $3) * make_interval(secs => $4),
+             last_error = f.error
+         FROM unnest($1::bigint[], $2::text[]) AS f(id, error)
+         WHERE o.id = f.id",
+    )
+    .bind(ids)
+    .bind(errors)
+    .bind(config.backoff_max_steps)
+    .bind(config.backoff_step.as_secs_f64())
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// The CloudEvents 1.0 attributes of `e` as `ce-` headers: the binary
+/// content mode (the body is the envelope, `content-type` the AMQP
+/// property), so any CloudEvents consumer can route and read it. `id` is
+/// unique per source, as the spec asks; `tenantid` is an extension.
+fn cloud_event_attributes(e: &Envelope) -> serde_json::Map<String, Value> {
+    [
+        ("ce-specversion", "1.0".to_owned()),
+        ("ce-id", e.message_id()),
+        ("ce-source", format!("/commerce/{}", e.source)),
+        ("ce-type", e.event_type.clone()),
+        ("ce-time", e.occurred_at.to_rfc3339()),
+        (
+            "ce-subject",
+            format!("{}/{}", e.aggregate_type, e.aggregate_id),
+        ),
+        ("ce-dataversion", e.event_version.to_string()),
+        ("ce-tenantid", e.tenant_id.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Value::String(v)))
+    .collect()
+}

@@ -1,0 +1,120 @@
+//! The relay's loop: LISTEN/NOTIFY with a polling fallback, reconnects,
+//! and the outbox gauges (per source and per tenant).
+
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::supervise::supervise;
+use crate::{Error, Result};
+
+use super::{HEALTH_PART, NOTIFY_CHANNEL, Relay, TENANT_LAG, TENANT_PENDING, TOP_TENANTS};
+
+impl Relay {
+    /// Runs until `shutdown`: wakes on every outbox commit (LISTEN/NOTIFY),
+    /// polls as a fallback, reconnects to the broker and the database after
+    /// either goes away. Returns an error only when a fail point fired.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let what = "relay lost its broker or database";
+        supervise(HEALTH_PART, what, &self.health, &shutdown, || {
+            self.run_connected(&shutdown)
+        })
+        .await
+    }
+
+    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        let publisher = self.publisher().await?;
+        self.health.ready(HEALTH_PART);
+        tracing::info!(source = %self.config.source, exchange = %self.config.exchange, "relay connected");
+        let mut gauges_at = Instant::now() - Duration::from_secs(60);
+        let mut tenants_at = gauges_at;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            // Bounded, so that gauges and shutdown get their turn under load.
+            let (report, more_due) = self.window_pass(&publisher, 64).await?;
+            if !publisher.is_usable() {
+                return Err(Error::ChannelClosed("publisher channel"));
+            }
+            if report.unconfirmed > 0 {
+                // Blocked (a memory or disk alarm) or gone: back off and try a
+                // fresh connection; the rows wait, costing no attempt.
+                return Err(Error::BrokerTimeout(self.config.confirm_timeout));
+            }
+            if gauges_at.elapsed() >= Duration::from_secs(1) {
+                self.update_gauges().await?;
+                gauges_at = Instant::now();
+            }
+            // Counting every pending row is a scan of the backlog: less often.
+            if tenants_at.elapsed() >= Duration::from_secs(10) {
+                self.update_tenant_view().await?;
+                tenants_at = Instant::now();
+            }
+            if more_due {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                n = listener.recv() => { n?; }
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+    }
+
+    /// `outbox_lag_seconds` (age of the oldest pending row), `outbox_dlq_depth`
+    /// and `outbox_max_attempts` (most failures of a row still pending).
+    pub async fn update_gauges(&self) -> Result<()> {
+        let (lag, dlq, attempts): (f64, i64, i32) = sqlx::query_as(
+            "SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - occurred_at)::float8
+                              FROM outbox_messages WHERE processed_at IS NULL
+                              ORDER BY id LIMIT 1), 0),
+                    (SELECT count(*) FROM outbox_messages_dlq),
+                    COALESCE((SELECT max(attempts) FROM outbox_messages WHERE processed_at IS NULL AND attempts > 0), 0)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        metrics::gauge!("outbox_max_attempts", "source" => self.config.source.clone())
+            .set(f64::from(attempts));
+        metrics::gauge!("outbox_lag_seconds", "source" => self.config.source.clone()).set(lag);
+        metrics::gauge!("outbox_dlq_depth", "source" => self.config.source.clone()).set(dlq as f64);
+        Ok(())
+    }
+
+    /// `outbox_pending` and, for the [`TOP_TENANTS`] tenants with the most
+    /// pending rows, `outbox_tenant_pending` and `outbox_tenant_lag_seconds`;
+    /// the others summed as `tenant="other"`, so the series stay bounded
+    /// whatever the number of tenants.
+    pub async fn update_tenant_view(&self) -> Result<()> {
+        let rows: Vec<(i64, i64, f64)> = sqlx::query_as(
+            "SELECT tenant_id, count(*), EXTRACT(EPOCH FROM now() - min(occurred_at))::float8
+             FROM outbox_messages WHERE processed_at IS NULL
+             GROUP BY tenant_id ORDER BY count(*) DESC, tenant_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let source = &self.config.source;
+        let total: i64 = rows.iter().map(|r| r.1).sum();
+        metrics::gauge!(crate::metrics::OUTBOX_PENDING, "source" => source.clone())
+            .set(total as f64);
+        let (top, rest) = rows.split_at(rows.len().min(TOP_TENANTS));
+        let mut pending: Vec<(Vec<String>, f64)> = Vec::with_capacity(top.len() + 1);
+        let mut lag = pending.clone();
+        for (tenant, n, age) in top {
+            pending.push((vec![source.clone(), tenant.to_string()], *n as f64));
+            lag.push((vec![source.clone(), tenant.to_string()], *age));
+        }
+        if !rest.is_empty() {
+            let n: i64 = rest.iter().map(|r| r.1).sum();
+            let age = rest.iter().map(|r| r.2).fold(0.0, f64::max);
+            pending.push((vec![source.clone(), "other".into()], n as f64));
+            lag.push((vec![source.clone(), "other".into()], age));
+        }
+        TENANT_PENDING.set(source, pending);
+        TENANT_LAG.set(source, lag);
+        Ok(())
+    }
+}

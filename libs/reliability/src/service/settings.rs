@@ -1,0 +1,263 @@
+//! What a service is told: [`CommonSettings`] from the environment, its
+//! [`Role`], and the [`Databases`] (one pool per role) they lead to.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::auth::{AuthSettings, JwtKeys};
+use crate::broker::{QueueSpec, Subscription};
+use crate::consumer::ConsumerConfig;
+use crate::failpoint::FailPoints;
+use crate::rate_limit::RateLimit;
+use crate::{Result, db};
+
+use super::ServerLimits;
+
+/// A string that never prints (JWT secret, passwords).
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// Settings every service has, each from its environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonSettings {
+    /// The RabbitMQ broker.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// The topic exchange every event is published to.
+    #[arg(long, env = "EVENTS_EXCHANGE", default_value = contracts::EXCHANGE)]
+    pub exchange: String,
+    /// How bearer tokens are verified.
+    #[command(flatten)]
+    pub auth: AuthSettings,
+    /// Full URL for the runtime role; default: the service's database URL as `commerce_app`.
+    #[arg(long, env = "APP_DATABASE_URL")]
+    pub app_database_url: Option<String>,
+    /// Full URL for the relay role; default: the service's database URL as `commerce_relay`.
+    #[arg(long, env = "RELAY_DATABASE_URL")]
+    pub relay_database_url: Option<String>,
+    /// Full URL for the owner role (migrations, maintenance); default: as `commerce_owner`.
+    #[arg(long, env = "OWNER_DATABASE_URL")]
+    pub owner_database_url: Option<String>,
+    /// Crash points for tests, e.g. `relay.after_confirm=abort` (see `failpoint`).
+    #[arg(long, env = "RELIABILITY_FAILPOINTS", default_value = "")]
+    pub fail_points: String,
+    /// Prefix of every consumer queue name (tests and side-by-side stacks
+    /// on one broker keep theirs apart with it).
+    #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
+    pub queue_prefix: String,
+    /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
+    #[arg(long, env = "RELAY_BACKOFF_MS", default_value_t = 30_000)]
+    pub relay_backoff_ms: u64,
+    /// How long the relay waits for the broker's confirms of a batch (and
+    /// so holds its claim), in ms. Unconfirmed rows stay pending and cost no
+    /// attempt.
+    #[arg(long, env = "RELAY_CONFIRM_TIMEOUT_MS", default_value_t = 10_000)]
+    pub relay_confirm_timeout_ms: u64,
+    /// Failed publishes after which an outbox row moves to the DLQ table.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10)]
+    pub relay_max_attempts: i32,
+    /// Lanes of each consumer in this process: each applies its own
+    /// deliveries beside the others (docs/adr/0010). More processes may
+    /// consume the same queues too.
+    #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
+    pub consumer_lanes: usize,
+    /// Port of `/healthz`, `/readyz` and `/metrics` for a process that
+    /// serves no HTTP API (roles `relay` and `consume`); default: the
+    /// service's port + 1000 (relay) or + 2000 (consume). Roles that serve
+    /// answer them on the service's port.
+    #[arg(long, env = "OPS_PORT")]
+    pub ops_port: Option<u16>,
+    /// Writes (idempotent POSTs) per second each tenant may make to this
+    /// process, sustained; over it: 429 with `Retry-After`. 0: no limit.
+    #[arg(long, env = "RATE_LIMIT_PER_SEC", default_value_t = 1000)]
+    pub rate_limit_per_sec: u32,
+    /// Writes a tenant may make at once above the sustained rate.
+    #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
+    pub rate_limit_burst: u32,
+    /// Seconds a client has to send a request's headers; an idle
+    /// keep-alive connection is closed after as long.
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub http_header_timeout_secs: u64,
+    /// Seconds a whole request may take (body and handler); past it: 408.
+    #[arg(long, env = "HTTP_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub http_request_timeout_secs: u64,
+    /// Print the service's OpenAPI document and exit.
+    #[arg(long)]
+    pub openapi: bool,
+    /// Address the HTTP server binds (0.0.0.0 in containers).
+    #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
+    pub bind_address: String,
+    /// An OpenTelemetry collector's OTLP/HTTP base URL (e.g.
+    /// `http://127.0.0.1:4318`): spans go there as JSON when the service is
+    /// built with the `otel` feature. Unset: nothing is exported.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl CommonSettings {
+    /// Local defaults, as with no environment at all.
+    pub fn local() -> Self {
+        Self {
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: contracts::EXCHANGE.into(),
+            auth: AuthSettings::default(),
+            app_database_url: None,
+            relay_database_url: None,
+            owner_database_url: None,
+            fail_points: String::new(),
+            queue_prefix: String::new(),
+            relay_backoff_ms: 30_000,
+            relay_confirm_timeout_ms: 10_000,
+            relay_max_attempts: 10,
+            consumer_lanes: 4,
+            ops_port: None,
+            rate_limit_per_sec: 1000,
+            rate_limit_burst: 2000,
+            http_header_timeout_secs: 10,
+            http_request_timeout_secs: 30,
+            openapi: false,
+            bind_address: "127.0.0.1".into(),
+            otlp_endpoint: None,
+        }
+    }
+
+    /// The token keys and rules, for minting in tests and tools (a serving
+    /// process loads them with [`AuthSettings::load`], which also checks
+    /// the secret and fetches a key set).
+    pub fn jwt_keys(&self) -> JwtKeys {
+        self.auth.keys()
+    }
+
+    pub fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            header_read: Duration::from_secs(self.http_header_timeout_secs.max(1)),
+            request: Duration::from_secs(self.http_request_timeout_secs.max(1)),
+        }
+    }
+
+    pub fn rate_limit(&self) -> RateLimit {
+        RateLimit {
+            per_sec: self.rate_limit_per_sec,
+            burst: self.rate_limit_burst,
+        }
+    }
+
+    pub fn fail_points(&self) -> Result<FailPoints> {
+        FailPoints::parse(&self.fail_points)
+    }
+
+    /// The queue of `sub` on the events exchange, its name prefixed.
+    pub fn queue_spec(&self, sub: &Subscription) -> QueueSpec {
+        QueueSpec::for_subscription(sub, &self.exchange, &self.queue_prefix)
+    }
+
+    /// The consumer of `sub` (the topology declares it once for both sides),
+    /// its lanes and fail points from these settings.
+    pub fn consumer_config(&self, sub: &Subscription) -> Result<ConsumerConfig> {
+        let mut config = ConsumerConfig::new(sub.consumer, &self.exchange, sub.bindings);
+        config.queue = self.queue_spec(sub);
+        config.lanes = self.consumer_lanes.max(1);
+        config.fail_points = self.fail_points()?;
+        Ok(config)
+    }
+}
+
+/// The state every service's HTTP routes need: the runtime pool, the
+/// Which part of a service a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Role {
+    /// Migrate, then serve HTTP, relay, consume and maintain.
+    #[default]
+    All,
+    /// HTTP only.
+    Serve,
+    /// The outbox relay and maintenance only.
+    Relay,
+    /// The consumers (and, in payments, the provider worker) only.
+    Consume,
+    /// Run the migrations and exit.
+    Migrate,
+}
+
+impl Role {
+    pub fn serves(self) -> bool {
+        matches!(self, Self::All | Self::Serve)
+    }
+    pub fn relays(self) -> bool {
+        matches!(self, Self::All | Self::Relay)
+    }
+    pub fn consumes(self) -> bool {
+        matches!(self, Self::All | Self::Consume)
+    }
+    pub fn migrates(self) -> bool {
+        matches!(self, Self::All | Self::Migrate)
+    }
+}
+
+/// One pool per role on the service's database.
+#[derive(Debug, Clone)]
+pub struct Databases {
+    pub app: PgPool,
+    pub relay: PgPool,
+    pub owner: PgPool,
+}
+
+impl Databases {
+    /// Pools that connect on first use, so a service starts (and reports
+    /// not ready) while its database is down.
+    pub fn connect_lazy(database_url: &str, common: &CommonSettings) -> Result<Self> {
+        let role = |over: &Option<String>, role: &str| -> Result<PgConnectOptions> {
+            match over {
+                Some(url) => Ok(PgConnectOptions::from_str(url)?),
+                None => Ok(db::options_for_role(
+                    &PgConnectOptions::from_str(database_url)?,
+                    role,
+                )),
+            }
+        };
+        let pool = |opts: PgConnectOptions, max| {
+            PgPoolOptions::new()
+                .max_connections(max)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy_with(opts)
+        };
+        Ok(Self {
+            app: pool(role(&common.app_database_url, db::APP_ROLE)?, 16),
+            relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 6),
+            owner: pool(role(&common.owner_database_url, db::OWNER_ROLE)?, 2),
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! I8: poison and crashing messages are dead-lettered, a database outage only delays.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use reliability::broker;
+use reliability::consumer::Consumer;
+use reliability::db;
+use reliability::failpoint::{self, Action};
+use reliability::testing::{TcpProxy, amqp_url, postgres_addr, wait_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{AddingHandler, DEADLINE, effects, envelope};
+
+use super::{setup, start};
+
+#[tokio::test]
+async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once_after_a_fix() {
+    let metrics = reliability::metrics::install();
+    let (db, broker, cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    let handler = AddingHandler::default();
+    handler.poisoned.store(true, Ordering::SeqCst);
+    broker
+        .publish_to_queue(
+            &queue,
+            &serde_json::to_vec(&envelope("svc", 1, 1, "bad", "Poison", 1000)).unwrap(),
+        )
+        .await;
+    broker.publish_to_queue(&queue, b"{ this is not json").await;
+    for id in 2..=4 {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, 1, "good", "Added", id)).unwrap(),
+            )
+            .await;
+    }
+
+    let (stop, consumer, task) = start(&db, cfg, handler.clone());
+    let dlq = broker::dead_letter_queue(&queue);
+    wait_until(
+        DEADLINE,
+        "good events applied and both bad ones dead-lettered",
+        || async {
+            broker.depth(&dlq).await == 2
+                && effects(&db).await == vec![(1, "good".to_owned(), 3, 9)]
+        },
+    )
+    .await;
+
+    let letters = broker::peek_dead_letters(&broker.conn, &queue, 10)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 2);
+    assert!(letters.iter().any(|l| l.body.contains("\"Poison\"")));
+    assert!(letters.iter().any(|l| l.body.contains("this is not json")));
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.reason.as_deref() == Some("rejected")),
+        "{letters:?}"
+    );
+    wait_until(DEADLINE, "peeked messages back in the DLQ", || async {
+        broker.depth(&dlq).await == 2
+    })
+    .await;
+
+    // The operator fixes the handler and re-drives: the poison applies once,
+    // the malformed message fails again and returns to the DLQ.
+    handler.poisoned.store(false, Ordering::SeqCst);
+    assert_eq!(
+        broker::redrive_dead_letters(&broker.conn, &queue, 10)
+            .await
+            .unwrap(),
+        2
+    );
+    wait_until(DEADLINE, "re-driven poison applied", || async {
+        effects(&db)
+            .await
+            .iter()
+            .any(|(_, agg, applied, total)| agg == "bad" && (*applied, *total) == (1, 1000))
+    })
+    .await;
+    wait_until(DEADLINE, "malformed message back in the DLQ", || async {
+        broker.depth(&dlq).await == 1
+    })
+    .await;
+    // The per-queue view: its lag (nothing waiting), its DLQ, its last apply.
+    let name = consumer.config().name.clone();
+    wait_until(DEADLINE, "the queue gauges see the DLQ", || async {
+        let text = metrics.render();
+        text.contains(&format!(r#"consumer_dlq_depth{{consumer="{name}"}} 1"#))
+            && text.contains(&format!(r#"consumer_queue_depth{{consumer="{name}"}} 0"#))
+            && text.contains(&format!(
+                r#"consumer_last_applied_timestamp_seconds{{consumer="{name}"}}"#
+            ))
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(consumer.stats().dead_lettered, 3);
+    assert_eq!(consumer.stats().applied, 4);
+    // The operator gives up on the malformed one.
+    assert_eq!(
+        broker::purge_dead_letters(&broker.conn, &queue)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(broker.depth(&dlq).await, 0);
+    let text = metrics.render();
+    for line in [
+        format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="handler_failed"}} 1"#),
+        format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="malformed"}} 2"#),
+    ] {
+        assert!(text.contains(&line), "missing `{line}` in\n{text}");
+    }
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_by_the_delivery_limit() {
+    let (db, broker, cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    broker
+        .publish_to_queue(
+            &queue,
+            &serde_json::to_vec(&envelope("svc", 1, 1, "agg", "Added", 1)).unwrap(),
+        )
+        .await;
+    // Crash before commit on every delivery, as a handler that kills its
+    // process would; the broker counts each as a delivery.
+    let dlq = broker::dead_letter_queue(&queue);
+    let mut crashes = 0;
+    loop {
+        wait_until(
+            DEADLINE,
+            "the message is back on the queue or dead-lettered",
+            || async { broker.depth(&queue).await + broker.depth(&dlq).await == 1 },
+        )
+        .await;
+        if broker.depth(&dlq).await == 1 {
+            break;
+        }
+        crashes += 1;
+        assert!(
+            crashes <= cfg.queue.delivery_limit + 1,
+            "still redelivered after {crashes} crashes"
+        );
+        cfg.fail_points
+            .arm(failpoint::CONSUMER_BEFORE_COMMIT, Action::Error);
+        let (_stop, _, task) = start(&db, cfg.clone(), AddingHandler::default());
+        assert!(task.await.unwrap().is_err());
+    }
+    assert!(
+        crashes >= cfg.queue.delivery_limit,
+        "dead-lettered after {crashes} crashes"
+    );
+    assert_eq!(broker.depth(&queue).await, 0);
+    assert!(effects(&db).await.is_empty());
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
+    let (db, broker, cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    let proxy = TcpProxy::start(postgres_addr()).await;
+    let app_via_proxy = db.pool_via(db::APP_ROLE, proxy.addr).await;
+    proxy.down();
+    for id in 1..=5 {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, 1, "agg", "Added", 1)).unwrap(),
+            )
+            .await;
+    }
+    let consumer = Arc::new(Consumer::new(
+        app_via_proxy,
+        &amqp_url(),
+        cfg,
+        AddingHandler::default(),
+    ));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (stop, consumer) = (stop.clone(), consumer.clone());
+        async move { consumer.run(stop).await }
+    });
+    // Keep the database away until the consumer has failed more often than
+    // a handler error may (3 tries): an outage must not count against them.
+    wait_until(
+        DEADLINE,
+        "the consumer retried through the outage",
+        || async { consumer.stats().retries > 4 },
+    )
+    .await;
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
+    proxy.up();
+    wait_until(
+        DEADLINE,
+        "all applied once the database is back",
+        || async { consumer.stats().applied == 5 },
+    )
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(consumer.stats().dead_lettered, 0);
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
+    assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 5, 5)]);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}

@@ -1,0 +1,82 @@
+//! Bad keys, tokens and bodies: a clear error each, and nothing written.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use reliability::auth::JwtKeys;
+use serde_json::Value;
+
+use crate::support::tenant;
+
+use super::App;
+
+#[tokio::test]
+async fn bad_keys_tokens_and_bodies_get_clear_errors_and_write_nothing() {
+    let app = App::start(Duration::from_secs(5)).await;
+    let good = r#"{"name": "a", "quantity": 1}"#;
+    let cases: Vec<(Option<&str>, &str, StatusCode, &str)> = vec![
+        (
+            None,
+            good,
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_missing",
+        ),
+        (
+            Some("has space"),
+            good,
+            StatusCode::BAD_REQUEST,
+            "idempotency_key_invalid",
+        ),
+        (
+            Some("k"),
+            "{not json",
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            Some("k"),
+            r#"{"name": 5}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+        ),
+    ];
+    for (key, body, status, code) in cases {
+        let (got, _, err) = app.post(1, key, body).await;
+        assert_eq!(
+            (got, err["error"]["code"].as_str().unwrap()),
+            (status, code),
+            "key {key:?} body {body}"
+        );
+    }
+    let long_key = "k".repeat(256);
+    assert_eq!(
+        app.post(1, Some(&long_key), good).await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    let resp = app
+        .http
+        .post(format!("{}/widgets", app.url))
+        .header("Idempotency-Key", "k")
+        .body(good)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let forged = JwtKeys::from_secret(b"another-secret").mint(tenant(1), Duration::from_secs(60));
+    let resp = app
+        .http
+        .post(format!("{}/widgets", app.url))
+        .bearer_auth(forged)
+        .header("Idempotency-Key", "k")
+        .body(good)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+
+    assert_eq!((app.widgets().await, app.keys().await), (0, 0));
+    app.db.cleanup().await;
+}
