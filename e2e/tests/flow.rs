@@ -32,16 +32,27 @@ async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_ref
     assert_eq!(stack.psp.total_charges(), 1);
     // Every event found a queue: no outbox keeps anything back (StockAdjusted included).
     for db in [&stack.dbs.orders, &stack.dbs.inventory, &stack.dbs.payments] {
-        wait_until(Duration::from_secs(20), "outbox drained", || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL",
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            // What is left, and why: a refusal backs a row off for longer
+            // than this wait, and its last_error names the cause.
+            let pending: Vec<(i64, String, i32, Option<String>, f64)> = sqlx::query_as(
+                "SELECT id, event_type, attempts, last_error,
+                        EXTRACT(EPOCH FROM available_at - now())::float8
+                 FROM outbox_messages WHERE processed_at IS NULL ORDER BY id",
             )
-            .fetch_one(&db.owner)
+            .fetch_all(&db.owner)
             .await
-            .unwrap()
-                == 0
-        })
-        .await;
+            .unwrap();
+            if pending.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "outbox not drained after 20 s (id, type, attempts, last error, due in s): {pending:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let (_, payments) = stack
         .payments

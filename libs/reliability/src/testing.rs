@@ -34,6 +34,19 @@ pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// Sends this process's logs (`RUST_LOG`, default `warn`) to the test's
+/// captured output, so a failing test shows what the services said (a
+/// refused publish, a reconnect) and a passing one stays quiet.
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Already installed by an earlier call in this process: keep it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 /// `prefix` plus 12 random hex digits: names that never collide across tests.
 pub fn unique(prefix: &str) -> String {
     format!(
@@ -52,6 +65,20 @@ pub struct TestDb {
     pub admin: PgPool,
 }
 
+/// A test's pool: small, and giving idle connections back within seconds.
+/// A stack of four services is sixteen pools; two stacks side by side with
+/// production-sized pools that keep what they once opened went past
+/// PostgreSQL's default 100 connections, and a relay that cannot connect
+/// backs off (a CI flake: an outbox not drained in time).
+async fn test_pool(options: PgConnectOptions, max_connections: u32) -> crate::Result<PgPool> {
+    Ok(sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections)
+        .idle_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?)
+}
+
 impl TestDb {
     /// The reliability tables only.
     pub async fn new() -> Self {
@@ -64,9 +91,10 @@ impl TestDb {
     }
 
     async fn create(service: Option<&Migrator>) -> Self {
+        capture_logs();
         let admin_opts =
             PgConnectOptions::from_str(&database_url()).expect("DATABASE_URL is a valid URL");
-        let admin = db::pool(admin_opts.clone(), 2)
+        let admin = test_pool(admin_opts.clone(), 1)
             .await
             .expect("connect to DATABASE_URL as a superuser");
         db::ensure_roles(&admin).await.expect("create roles");
@@ -75,16 +103,16 @@ impl TestDb {
             .await
             .expect("create test database");
         let base = admin_opts.database(&name);
-        let owner = db::pool(db::options_for_role(&base, db::OWNER_ROLE), 4)
+        let owner = test_pool(db::options_for_role(&base, db::OWNER_ROLE), 3)
             .await
             .expect("connect as owner");
         db::migrate(&owner, service)
             .await
             .expect("migrate test database");
-        let app = db::pool(db::options_for_role(&base, db::APP_ROLE), 20)
+        let app = test_pool(db::options_for_role(&base, db::APP_ROLE), 10)
             .await
             .expect("connect as app");
-        let relay = db::pool(db::options_for_role(&base, db::RELAY_ROLE), 8)
+        let relay = test_pool(db::options_for_role(&base, db::RELAY_ROLE), 6)
             .await
             .expect("connect as relay");
         Self {
@@ -111,7 +139,7 @@ impl TestDb {
         let base = PgConnectOptions::from_str(&database_url())
             .expect("DATABASE_URL is a valid URL")
             .database(&self.name);
-        db::pool(db::options_for_role(&base, role), max)
+        test_pool(db::options_for_role(&base, role), max)
             .await
             .expect("connect as the role")
     }
