@@ -3,9 +3,9 @@
 //! [`Idempotent<T>`] is an extractor. Before the handler runs it verifies the
 //! caller, validates the key, hashes the canonical body (RFC 8785, SHA-256)
 //! and claims `(tenant, scope, key)` by inserting its row in a transaction
-//! that it hands to the handler. The handler writes through that
-//! transaction and finishes with [`Idempotent::complete`], which stores the
-//! response in the same commit. So:
+//! that it hands to the handler's work in [`Idempotent::answer`]. The work
+//! returns its result; `answer` turns it into the response and stores that
+//! in the same commit. So:
 //!
 //! - a concurrent request with the same key waits for its twin, at most
 //!   [`IdempotencyConfig::wait`], then replays the stored response or
@@ -145,10 +145,9 @@ impl Drop for InFlight {
 
 /// A claimed key, the request body, and the transaction to do the work in.
 ///
-/// The transaction is reachable only through [`Idempotent::tx`], so the
-/// one way to commit the work is [`Idempotent::complete`] (or `reject`),
-/// which stores the response with it: a handler cannot leave a key claimed
-/// without an answer.
+/// The transaction is reachable only inside [`Idempotent::answer`], which
+/// commits the work only with its stored answer: a handler cannot commit
+/// around the key, or leave it claimed without an answer.
 ///
 /// ```compile_fail
 /// async fn handler(req: reliability::idempotency::Idempotent<()>) {
@@ -168,56 +167,86 @@ impl<T> Idempotent<T> {
         self.tx.tenant()
     }
 
-    /// The transaction the handler writes through (committed by `complete`).
-    pub fn tx(&mut self) -> &mut TenantTx {
-        &mut self.tx
-    }
-
-    /// The body and the transaction at once, for a query that binds the
-    /// one and runs on the other.
-    pub fn parts(&mut self) -> (&T, &mut TenantTx) {
-        (&self.body, &mut self.tx)
-    }
-
-    /// Stores the response with the key and commits the handler's work with
-    /// it. A 5xx is not stored: everything rolls back, so a retry runs
-    /// afresh. A 4xx is stored, without the handler's writes.
-    pub async fn complete(mut self, status: StatusCode, body: &impl Serialize) -> Result<Response> {
-        let bytes = serde_json::to_vec(body)?;
+    /// Runs the handler's `work` in the claimed transaction and answers for
+    /// it; the policy is here, not in each handler:
+    ///
+    /// - `Ok(body)`: `status` with `body`, stored with the key and committed
+    ///   with the work;
+    /// - `Err(e)` that maps to a 4xx: stored, so the same request gets it
+    ///   again, without the work (rolled back to a savepoint first);
+    /// - `Err(e)` that maps to a 5xx, or a failure to store the answer:
+    ///   everything rolls back and no key is kept, so a retry runs afresh.
+    pub async fn answer<R, E>(
+        self,
+        status: StatusCode,
+        work: impl AsyncFnOnce(&T, &mut TenantTx) -> Result<R, E>,
+    ) -> Response
+    where
+        R: Serialize,
+        E: Into<ApiError>,
+    {
+        let Self {
+            body,
+            mut tx,
+            scope,
+            key,
+            _in_flight,
+        } = self;
+        let (status, bytes, retry_after) = match work(&body, &mut tx).await {
+            Ok(answer) => match serde_json::to_vec(&answer) {
+                Ok(bytes) => (status, bytes, None),
+                Err(e) => return ApiError::failure(&e.into()).into_response(),
+            },
+            Err(e) => {
+                let error: ApiError = e.into();
+                let bytes = serde_json::to_vec(&error.body()).expect("an error body serializes");
+                (error.status, bytes, error.retry_after)
+            }
+        };
         if status.is_server_error() {
-            self.tx.rollback().await?;
-            return Ok(json_response(status, bytes));
+            // Dropping the transaction rolls it back: claim and work alike.
+            drop(tx);
+            let mut response = json_response(status, bytes);
+            if let Some(secs) = retry_after {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            return response;
         }
-        if status.is_client_error() {
-            sqlx::query(ROLLBACK_TO_SAVEPOINT)
-                .execute(&mut *self.tx)
-                .await?;
+        match store(tx, &scope, &key, status, &bytes).await {
+            Ok(()) => json_response(status, bytes),
+            Err(e) => ApiError::failure(&e).into_response(),
         }
-        sqlx::query(
-            "UPDATE idempotency_keys
-             SET response_status = $4, response_content_type = 'application/json',
-                 response_body = $5, completed_at = now()
-             WHERE tenant_id = $1 AND scope = $2 AND key = $3",
-        )
-        .bind(self.tx.tenant().get())
-        .bind(&self.scope)
-        .bind(&self.key)
-        .bind(status.as_u16() as i16)
-        .bind(&bytes)
-        .execute(&mut *self.tx)
-        .await?;
-        self.tx.commit().await?;
-        Ok(json_response(status, bytes))
     }
 }
 
-impl<T> Idempotent<T> {
-    /// Answers with a client error, stored like any response (a business
-    /// rejection is an answer: the same request gets it again).
-    pub async fn reject(self, error: ApiError) -> Result<Response> {
-        let status = error.status;
-        self.complete(status, &error.body()).await
+/// Stores the answer with the key and commits (a 4xx without the work).
+async fn store(
+    mut tx: TenantTx,
+    scope: &str,
+    key: &str,
+    status: StatusCode,
+    bytes: &[u8],
+) -> Result<()> {
+    if status.is_client_error() {
+        sqlx::query(ROLLBACK_TO_SAVEPOINT).execute(&mut *tx).await?;
     }
+    sqlx::query(
+        "UPDATE idempotency_keys
+         SET response_status = $4, response_content_type = 'application/json',
+             response_body = $5, completed_at = now()
+         WHERE tenant_id = $1 AND scope = $2 AND key = $3",
+    )
+    .bind(tx.tenant().get())
+    .bind(scope)
+    .bind(key)
+    .bind(status.as_u16() as i16)
+    .bind(bytes)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {

@@ -58,6 +58,12 @@ macro_rules! service_error {
             }
         }
 
+        impl ::core::convert::From<$error> for $crate::http::ApiError {
+            fn from(e: $error) -> Self {
+                e.api()
+            }
+        }
+
         impl $crate::__private::axum::response::IntoResponse for $error {
             fn into_response(self) -> $crate::__private::axum::response::Response {
                 $crate::__private::axum::response::IntoResponse::into_response(self.api())

@@ -76,52 +76,46 @@ const MAX_DELTA: i64 = 1_000_000_000;
 
 #[utoipa::path(post, path = "/stock/adjustments", tag = "inventory", request_body = Adjustment,
     responses((status = 201, description = "the product after the adjustment", body = ProductView)))]
-async fn adjust_stock(mut req: Idempotent<Adjustment>) -> Result<Response, Error> {
-    let sku = Sku::parse(req.body.sku.clone()).ok_or_else(|| Error::Invalid(Sku::RULE.into()));
-    let checked = sku.and_then(|sku| {
-        if req.body.delta == 0 || req.body.delta.unsigned_abs() > MAX_DELTA.unsigned_abs() {
-            return Err(Error::Invalid(format!(
-                "delta must be non-zero and within ±{MAX_DELTA}"
-            )));
-        }
-        // Control characters (NUL above all, which PostgreSQL text refuses) are not a reason.
-        let reason = &req.body.reason;
-        if !(1..=200).contains(&reason.chars().count()) || reason.chars().any(char::is_control) {
-            return Err(Error::Invalid(
-                "reason must be 1 to 200 characters, none of them control characters".into(),
-            ));
-        }
-        Ok(sku)
-    });
-    let sku = match checked {
-        Ok(sku) => sku,
-        Err(e) => return Ok(req.reject(e.api()).await?),
-    };
-    let (delta, reason) = (req.body.delta, req.body.reason.clone());
-    let product = match apply_adjustment(req.tx(), &sku, delta, &reason).await {
-        Ok(p) => p,
-        Err(e @ (Error::BelowReserved | Error::Invalid(_))) => {
-            return Ok(req.reject(e.api()).await?);
-        }
-        Err(e) => return Err(e),
-    };
-    let adjusted = contracts::StockAdjusted {
-        sku: product.sku.clone(),
-        delta,
-        on_hand: product.on_hand,
-        reason,
-    };
-    outbox::enqueue(
-        req.tx(),
-        &NewEvent::new(
-            aggregate::PRODUCT,
-            &product.sku,
-            event::STOCK_ADJUSTED,
-            &adjusted,
-        )?,
-    )
-    .await?;
-    Ok(req.complete(StatusCode::CREATED, &product).await?)
+async fn adjust_stock(req: Idempotent<Adjustment>) -> Response {
+    req.answer(StatusCode::CREATED, async |body, tx| {
+        let sku = validate(body)?;
+        let product = apply_adjustment(tx, &sku, body.delta, &body.reason).await?;
+        let adjusted = contracts::StockAdjusted {
+            sku: product.sku.clone(),
+            delta: body.delta,
+            on_hand: product.on_hand,
+            reason: body.reason.clone(),
+        };
+        outbox::enqueue(
+            tx,
+            &NewEvent::new(
+                aggregate::PRODUCT,
+                &product.sku,
+                event::STOCK_ADJUSTED,
+                &adjusted,
+            )?,
+        )
+        .await?;
+        Ok::<_, Error>(product)
+    })
+    .await
+}
+
+fn validate(body: &Adjustment) -> Result<Sku, Error> {
+    let sku = Sku::parse(body.sku.clone()).ok_or_else(|| Error::Invalid(Sku::RULE.into()))?;
+    if body.delta == 0 || body.delta.unsigned_abs() > MAX_DELTA.unsigned_abs() {
+        return Err(Error::Invalid(format!(
+            "delta must be non-zero and within ±{MAX_DELTA}"
+        )));
+    }
+    // Control characters (NUL above all, which PostgreSQL text refuses) are not a reason.
+    let reason = &body.reason;
+    if !(1..=200).contains(&reason.chars().count()) || reason.chars().any(char::is_control) {
+        return Err(Error::Invalid(
+            "reason must be 1 to 200 characters, none of them control characters".into(),
+        ));
+    }
+    Ok(sku)
 }
 
 /// Adds stock (creating the product) or removes it, never below what is

@@ -89,14 +89,11 @@ fn validate(body: &PlaceOrder) -> Result<NewOrder, Error> {
 /// stored response (I3 and I1 together).
 #[utoipa::path(post, path = "/orders", tag = "orders", request_body = PlaceOrder,
     responses((status = 201, description = "the order, pending", body = OrderView)))]
-async fn place_order(mut req: Idempotent<PlaceOrder>) -> Result<Response, Error> {
-    let order = match validate(&req.body) {
-        Ok(order) => order,
-        Err(e @ Error::Invalid(_)) => return Ok(req.reject(e.api()).await?),
-        Err(e) => return Err(e),
-    };
-    let view = place(req.tx(), &order).await?;
-    Ok(req.complete(StatusCode::CREATED, &view).await?)
+async fn place_order(req: Idempotent<PlaceOrder>) -> Response {
+    req.answer(StatusCode::CREATED, async |body, tx| {
+        place(tx, &validate(body)?).await
+    })
+    .await
 }
 
 /// Inserts `order` and its `OrderPlaced` event in the caller's transaction:

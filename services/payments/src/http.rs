@@ -89,27 +89,21 @@ pub struct RefundView {
 #[utoipa::path(post, path = "/refunds", tag = "payments", request_body = RefundRequest,
     responses((status = 201, description = "the refund, pending until the provider confirms it", body = RefundView),
         (status = 404, description = "no such payment for this tenant", body = reliability::http::ErrorBody)))]
-async fn create_refund(mut req: Idempotent<RefundRequest>) -> Result<Response, Error> {
-    // Ids are opaque to clients: a number or a numeric string.
-    let payment_id = match &req.body.payment_id {
-        serde_json::Value::Number(n) => reliability::http::integral(n),
-        serde_json::Value::String(s) => s.parse().ok(),
-        _ => None,
-    };
-    let Some(payment_id) = payment_id else {
-        return Ok(req.reject(Error::NotFound.api()).await?);
-    };
-    let amount = req.body.amount_cents;
-    if amount <= 0 {
-        return Ok(req
-            .reject(Error::Invalid("amount_cents must be positive".into()).api())
-            .await?);
-    }
-    match reserve_refund(req.tx(), payment_id, amount).await {
-        Ok(refund) => Ok(req.complete(StatusCode::CREATED, &refund).await?),
-        Err(e @ (Error::NotFound | Error::RefundTooLarge)) => Ok(req.reject(e.api()).await?),
-        Err(e) => Err(e),
-    }
+async fn create_refund(req: Idempotent<RefundRequest>) -> Response {
+    req.answer(StatusCode::CREATED, async |body, tx| {
+        // Ids are opaque to clients: a number or a numeric string.
+        let payment_id = match &body.payment_id {
+            serde_json::Value::Number(n) => reliability::http::integral(n),
+            serde_json::Value::String(s) => s.parse().ok(),
+            _ => None,
+        }
+        .ok_or(Error::NotFound)?;
+        if body.amount_cents <= 0 {
+            return Err(Error::Invalid("amount_cents must be positive".into()));
+        }
+        reserve_refund(tx, payment_id, body.amount_cents).await
+    })
+    .await
 }
 
 /// Counts the amount against the captured payment and records the refund

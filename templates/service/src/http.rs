@@ -30,6 +30,8 @@ pub fn router(state: ApiState) -> OpenApiRouter {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CreateItem {
+    /// 1 to 100 characters, none of them control characters.
+    #[schema(min_length = 1, max_length = 100, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     pub name: String,
 }
 
@@ -43,29 +45,34 @@ pub struct ItemView {
 /// One transaction: the key, the item, `ItemCreated`, the stored response.
 #[utoipa::path(post, path = "/items", tag = "items", request_body = CreateItem,
     responses((status = 201, description = "the item", body = ItemView)))]
-async fn create_item(mut req: Idempotent<CreateItem>) -> Result<Response, Error> {
-    if !(1..=100).contains(&req.body.name.chars().count()) {
-        return Ok(req
-            .reject(Error::Invalid("name must be 1 to 100 characters".into()).api())
-            .await?);
-    }
-    let tenant = req.tenant().get();
-    let (body, tx) = req.parts();
-    let item: ItemView = sqlx::query_as(
-        "INSERT INTO items (tenant_id, name) VALUES ($1, $2) RETURNING item_id, name, created_at",
-    )
-    .bind(tenant)
-    .bind(&body.name)
-    .fetch_one(&mut **tx)
-    .await?;
-    let event = NewEvent::new(
-        "item",
-        item.item_id,
-        ITEM_CREATED,
-        &serde_json::json!({"item_id": item.item_id, "name": item.name}),
-    )?;
-    outbox::enqueue(req.tx(), &event).await?;
-    Ok(req.complete(StatusCode::CREATED, &item).await?)
+async fn create_item(req: Idempotent<CreateItem>) -> Response {
+    // The answer (201, a stored 4xx, or a rolled-back 5xx) is the
+    // extractor's to give: the work only returns its result.
+    req.answer(StatusCode::CREATED, async |body, tx| {
+        let name = &body.name;
+        // Control characters (NUL above all, which PostgreSQL text refuses) are not a name.
+        if !(1..=100).contains(&name.chars().count()) || name.chars().any(char::is_control) {
+            return Err(Error::Invalid(
+                "name must be 1 to 100 characters, none of them control characters".into(),
+            ));
+        }
+        let item: ItemView = sqlx::query_as(
+            "INSERT INTO items (tenant_id, name) VALUES ($1, $2) RETURNING item_id, name, created_at",
+        )
+        .bind(tx.tenant().get())
+        .bind(name)
+        .fetch_one(&mut **tx)
+        .await?;
+        let event = NewEvent::new(
+            "item",
+            item.item_id,
+            ITEM_CREATED,
+            &serde_json::json!({"item_id": item.item_id, "name": item.name}),
+        )?;
+        outbox::enqueue(tx, &event).await?;
+        Ok(item)
+    })
+    .await
 }
 
 #[utoipa::path(get, path = "/items/{item_id}", tag = "items",

@@ -56,44 +56,38 @@ struct CreateWidget {
     work_secs: f64,
 }
 
-async fn create_widget(
-    State(state): State<AppState>,
-    mut req: Idempotent<CreateWidget>,
-) -> Result<Response, ApiError> {
-    let internal = |e: reliability::Error| ApiError::failure(&e);
-    let db = |e: sqlx::Error| ApiError::failure(&e.into());
-    let tenant = req.tenant().get();
-    let (body, tx) = req.parts();
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO widgets (tenant_id, name) VALUES ($1, $2) RETURNING id")
-            .bind(tenant)
-            .bind(&body.name)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(db)?;
-    if req.body.work_secs > 0.0 {
-        sqlx::query("SELECT pg_sleep($1)")
-            .bind(req.body.work_secs)
-            .execute(&mut **req.tx())
-            .await
-            .map_err(db)?;
-    }
-    if state.fail_next.swap(false, Ordering::SeqCst) {
-        return Err(ApiError::internal(&"simulated crash after a write"));
-    }
-    if req.body.quantity <= 0 {
-        // A business rejection: cached like a success, but without the insert above.
-        let body =
-            json!({"error": {"code": "invalid_quantity", "message": "quantity must be positive"}});
-        return req
-            .complete(StatusCode::UNPROCESSABLE_ENTITY, &body)
-            .await
-            .map_err(internal);
-    }
-    let body = json!({"id": id, "name": req.body.name, "quantity": req.body.quantity});
-    req.complete(StatusCode::CREATED, &body)
+async fn create_widget(State(state): State<AppState>, req: Idempotent<CreateWidget>) -> Response {
+    req.answer(StatusCode::CREATED, async |body, tx| {
+        let db = |e: sqlx::Error| ApiError::failure(&e.into());
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO widgets (tenant_id, name) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(tx.tenant().get())
+        .bind(&body.name)
+        .fetch_one(&mut **tx)
         .await
-        .map_err(internal)
+        .map_err(db)?;
+        if body.work_secs > 0.0 {
+            sqlx::query("SELECT pg_sleep($1)")
+                .bind(body.work_secs)
+                .execute(&mut **tx)
+                .await
+                .map_err(db)?;
+        }
+        if state.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(ApiError::internal(&"simulated crash after a write"));
+        }
+        if body.quantity <= 0 {
+            // A business rejection: stored like a success, but without the insert above.
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_quantity",
+                "quantity must be positive",
+            ));
+        }
+        Ok(json!({"id": id, "name": body.name, "quantity": body.quantity}))
+    })
+    .await
 }
 
 struct App {

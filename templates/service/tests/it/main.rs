@@ -102,6 +102,12 @@ async fn an_invalid_item_gets_422_and_writes_nothing() {
     );
     let (status, _, _) = app.api.post(1, "/items", "bad2", r#"{"name": 7}"#).await;
     assert_eq!(status, 422);
+    // PostgreSQL text refuses NUL: a rule, not a 500.
+    let (status, _, _) = app
+        .api
+        .post(1, "/items", "bad3", r#"{"name": "a\u0000b"}"#)
+        .await;
+    assert_eq!(status, 422);
     assert_eq!(app.count("SELECT count(*) FROM items").await, 0);
     app.stop().await;
 }
