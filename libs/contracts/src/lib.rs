@@ -189,12 +189,62 @@ pub struct RefundIssued {
 
 /// What an event payload knows about itself: its type (the routing key's
 /// second part and the AMQP `type`), its version and the service that
-/// publishes it. Consumers decode by type (`Envelope::decode::<T>`), so a
-/// message of another type or version is refused in one place.
+/// publishes it. Consumers decode by type ([`decode`], [`AnyEvent::decode`]),
+/// so a message of another type or version is refused in one place.
 pub trait Event: Serialize + for<'de> Deserialize<'de> {
     const TYPE: &'static str;
     const VERSION: i32;
     const SOURCE: &'static str;
+}
+
+/// Why a message is not the event a consumer can read. Every case is
+/// permanent: the same bytes fail the same way on every try.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// No contract names this type. Consumers learn a new type before its
+    /// publisher sends it (deploy them first); until then it is refused.
+    #[error("unknown event type {0}")]
+    UnknownType(String),
+    #[error("expected {expected}, got {got}")]
+    WrongType { expected: &'static str, got: String },
+    #[error("unknown version {version} of {event_type} (this build reads {reads})")]
+    UnknownVersion {
+        event_type: String,
+        version: i32,
+        reads: i32,
+    },
+    #[error("bad {event_type} payload: {source}")]
+    Payload {
+        event_type: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// `payload` as a `T`, if the message is a `T` of the version this build
+/// reads.
+pub fn decode<T: Event>(
+    event_type: &str,
+    version: i32,
+    payload: &serde_json::Value,
+) -> Result<T, DecodeError> {
+    if event_type != T::TYPE {
+        return Err(DecodeError::WrongType {
+            expected: T::TYPE,
+            got: event_type.to_owned(),
+        });
+    }
+    if version != T::VERSION {
+        return Err(DecodeError::UnknownVersion {
+            event_type: event_type.to_owned(),
+            version,
+            reads: T::VERSION,
+        });
+    }
+    T::deserialize(payload).map_err(|source| DecodeError::Payload {
+        event_type: T::TYPE,
+        source,
+    })
 }
 
 /// One event type as [`catalogue`] lists it.
@@ -224,12 +274,26 @@ macro_rules! events {
             },)*]
         }
 
-        /// The version of `event_type` consumers read today (None: no such event).
-        pub fn version(event_type: &str) -> Option<i32> {
-            $(if event_type == $name {
-                return Some($version);
-            })*
-            None
+        /// Any event of the catalogue, decoded: what a consumer's handler
+        /// matches on.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum AnyEvent {
+            $($payload($payload),)*
+        }
+
+        impl AnyEvent {
+            /// The message as the event its type names, checked as [`decode`]
+            /// checks it.
+            pub fn decode(
+                event_type: &str,
+                version: i32,
+                payload: &serde_json::Value,
+            ) -> Result<Self, DecodeError> {
+                $(if event_type == $name {
+                    return decode::<$payload>(event_type, version, payload).map(Self::$payload);
+                })*
+                Err(DecodeError::UnknownType(event_type.to_owned()))
+            }
         }
     };
 }
@@ -296,13 +360,40 @@ mod tests {
     fn every_event_name_has_a_payload_type_and_a_version() {
         assert_eq!(OrderPlaced::TYPE, "OrderPlaced");
         assert_eq!(RefundIssued::SOURCE, source::PAYMENTS);
+        let catalogue = catalogue();
         for sub in topology::ALL {
             for binding in sub.bindings {
                 let (_, name) = binding.split_once('.').unwrap();
-                assert!(name == "*" || version(name) == Some(1), "{binding}");
+                assert!(
+                    name == "*" || catalogue.iter().any(|c| c.name == name && c.version == 1),
+                    "{binding}"
+                );
             }
         }
-        assert_eq!(version("NoSuchEvent"), None);
+    }
+
+    #[test]
+    fn any_event_decodes_each_type_by_its_name_and_refuses_the_rest() {
+        let payload = serde_json::json!({"order_id": 7, "reason": "too late"});
+        assert_eq!(
+            AnyEvent::decode(event::ORDER_CANCELLED, 1, &payload).unwrap(),
+            AnyEvent::OrderCancelled(OrderCancelled {
+                order_id: 7,
+                reason: "too late".into()
+            })
+        );
+        assert!(matches!(
+            AnyEvent::decode("NoSuchEvent", 1, &payload),
+            Err(DecodeError::UnknownType(_))
+        ));
+        assert!(matches!(
+            AnyEvent::decode(event::ORDER_CANCELLED, 2, &payload),
+            Err(DecodeError::UnknownVersion { version: 2, .. })
+        ));
+        assert!(matches!(
+            AnyEvent::decode(event::ORDER_PLACED, 1, &payload),
+            Err(DecodeError::Payload { .. })
+        ));
     }
 
     #[test]

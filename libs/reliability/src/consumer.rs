@@ -76,8 +76,13 @@ pub trait Handler: Send + Sync + 'static {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// Retrying cannot help (the payload does not decode, an unknown
-    /// version): dead-lettered at once.
+    /// Not an event this build reads (an unknown type or version, a payload
+    /// that does not fit its contract): dead-lettered at once.
+    #[error(transparent)]
+    Decode(#[from] contracts::DecodeError),
+    /// The handler's own refusal, which retrying cannot change (an event
+    /// about an order this service never had): dead-lettered at once, with
+    /// the message as the reason.
     #[error("permanent: {0}")]
     Permanent(String),
     /// May succeed on a later try: retried, then dead-lettered.
@@ -90,6 +95,14 @@ pub enum HandlerError {
     /// costs a try).
     #[error(transparent)]
     Reliability(Box<Error>),
+}
+
+impl HandlerError {
+    /// Retrying cannot help: the message goes to the dead-letter queue at
+    /// once instead of spending its tries.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Decode(_) | Self::Permanent(_))
+    }
 }
 
 impl From<Error> for HandlerError {

@@ -23,6 +23,18 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
+    /// `event` about `aggregate_type` `aggregate_id`, under its contract's
+    /// type and version (so the two cannot disagree with the payload).
+    pub fn of<T: contracts::Event>(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl ToString,
+        event: &T,
+    ) -> Result<Self> {
+        Ok(Self::new(aggregate_type, aggregate_id, T::TYPE, event)?.version(T::VERSION))
+    }
+
+    /// An event by type name, version 1: for a payload outside the
+    /// contracts; prefer [`NewEvent::of`].
     pub fn new(
         aggregate_type: impl Into<String>,
         aggregate_id: impl ToString,
@@ -117,37 +129,33 @@ impl Envelope {
         format!("{}:{}", self.source, self.id)
     }
 
-    /// Decodes the payload into an event type of the caller's.
+    /// Decodes the payload into an event type of the caller's, unchecked
+    /// (a type outside the contracts, as a generated service's own event).
     pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         T::deserialize(&self.payload)
     }
 
     /// The payload as event `T`. A message of another type, of a version
     /// this build does not read, or whose payload does not fit, is a
-    /// permanent failure: dead-lettered, never retried.
+    /// permanent failure ([`HandlerError::Decode`]): dead-lettered, never
+    /// retried.
     pub fn decode<T: contracts::Event>(&self) -> Result<T, HandlerError> {
-        if self.event_type != T::TYPE {
-            return Err(HandlerError::Permanent(format!(
-                "expected {}, got {}",
-                T::TYPE,
-                self.event_type
-            )));
-        }
-        self.check_version(T::VERSION)?;
-        self.payload_as().map_err(|err| {
-            HandlerError::Permanent(format!("bad {} payload: {err}", self.event_type))
-        })
+        Ok(contracts::decode(
+            &self.event_type,
+            self.event_version,
+            &self.payload,
+        )?)
     }
 
-    /// Refuses (permanently) a message whose version is not `version`.
-    pub fn check_version(&self, version: i32) -> Result<(), HandlerError> {
-        match self.event_version == version {
-            true => Ok(()),
-            false => Err(HandlerError::Permanent(format!(
-                "unknown version {} of {}",
-                self.event_version, self.event_type
-            ))),
-        }
+    /// The message as whichever contract event it is, for a handler to
+    /// match on; refused like [`Envelope::decode`], and so is a type no
+    /// contract names.
+    pub fn event(&self) -> Result<contracts::AnyEvent, HandlerError> {
+        Ok(contracts::AnyEvent::decode(
+            &self.event_type,
+            self.event_version,
+            &self.payload,
+        )?)
     }
 }
 
@@ -215,7 +223,20 @@ mod tests {
                 .decode::<contracts::OrderConfirmed>(),
         ];
         for r in refused {
-            assert!(matches!(r, Err(HandlerError::Permanent(_))), "{r:?}");
+            assert!(matches!(r, Err(HandlerError::Decode(_))), "{r:?}");
+            assert!(r.unwrap_err().is_permanent());
+        }
+        assert_eq!(
+            envelope("OrderConfirmed", 1, payload.clone())
+                .event()
+                .unwrap(),
+            contracts::AnyEvent::OrderConfirmed(contracts::OrderConfirmed { order_id: 7 })
+        );
+        for r in [
+            envelope("OrderConfirmed", 2, payload.clone()).event(),
+            envelope("NoSuchEvent", 1, payload).event(),
+        ] {
+            assert!(matches!(r, Err(HandlerError::Decode(_))), "{r:?}");
         }
     }
 }

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use contracts::{aggregate, event};
+use contracts::aggregate;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
@@ -88,12 +88,7 @@ async fn adjust_stock(req: Idempotent<Adjustment>) -> Response {
         };
         outbox::enqueue(
             tx,
-            &NewEvent::new(
-                aggregate::PRODUCT,
-                &product.sku,
-                event::STOCK_ADJUSTED,
-                &adjusted,
-            )?,
+            &NewEvent::of(aggregate::PRODUCT, &product.sku, &adjusted)?,
         )
         .await?;
         Ok::<_, Error>(product)

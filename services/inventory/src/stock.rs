@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use contracts::{aggregate, event};
+use contracts::{AnyEvent, OrderCancelled, OrderConfirmed, aggregate};
 use reliability::TenantTx;
 use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::{self, Envelope, NewEvent};
@@ -23,17 +23,13 @@ impl Handler for Stock {
         let mut skus: Vec<String> = Vec::new();
         let mut settled: Vec<i64> = Vec::new();
         for e in events {
-            match e.event_type.as_str() {
-                event::ORDER_PLACED => {
-                    if let Ok(o) = e.payload_as::<contracts::OrderPlaced>() {
-                        skus.extend(o.lines.into_iter().map(|l| l.sku));
-                    }
-                }
-                event::ORDER_CONFIRMED | event::ORDER_CANCELLED => {
-                    if let Some(id) = e.payload["order_id"].as_i64() {
-                        settled.push(id);
-                    }
-                }
+            // What does not decode is refused when it is handled.
+            match e.event() {
+                Ok(AnyEvent::OrderPlaced(o)) => skus.extend(o.lines.into_iter().map(|l| l.sku)),
+                Ok(
+                    AnyEvent::OrderConfirmed(OrderConfirmed { order_id })
+                    | AnyEvent::OrderCancelled(OrderCancelled { order_id, .. }),
+                ) => settled.push(order_id),
                 _ => {}
             }
         }
@@ -53,16 +49,10 @@ impl Handler for Stock {
     }
 
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
-        match e.event_type.as_str() {
-            event::ORDER_PLACED => reserve(tx, e.decode()?).await,
-            event::ORDER_CONFIRMED => {
-                let c: contracts::OrderConfirmed = e.decode()?;
-                settle(tx, c.order_id, Settle::Commit).await
-            }
-            event::ORDER_CANCELLED => {
-                let c: contracts::OrderCancelled = e.decode()?;
-                settle(tx, c.order_id, Settle::Release).await
-            }
+        match e.event()? {
+            AnyEvent::OrderPlaced(order) => reserve(tx, order).await,
+            AnyEvent::OrderConfirmed(c) => settle(tx, c.order_id, Settle::Commit).await,
+            AnyEvent::OrderCancelled(c) => settle(tx, c.order_id, Settle::Release).await,
             _ => Ok(()),
         }
     }
@@ -114,16 +104,7 @@ async fn reserve(tx: &mut TenantTx, order: contracts::OrderPlaced) -> Result<(),
             .execute(&mut **tx)
             .await?;
         let rejected = contracts::InventoryRejected { order_id, reason };
-        outbox::enqueue(
-            tx,
-            &NewEvent::new(
-                aggregate::ORDER,
-                order_id,
-                event::INVENTORY_REJECTED,
-                &rejected,
-            )?,
-        )
-        .await?;
+        outbox::enqueue(tx, &NewEvent::of(aggregate::ORDER, order_id, &rejected)?).await?;
         tracing::info!(order_id, reason = %rejected.reason, "reservation rejected");
         return Ok(());
     }
@@ -151,16 +132,7 @@ async fn reserve(tx: &mut TenantTx, order: contracts::OrderPlaced) -> Result<(),
         currency: order.currency,
         total_cents: order.total_cents,
     };
-    outbox::enqueue(
-        tx,
-        &NewEvent::new(
-            aggregate::ORDER,
-            order_id,
-            event::INVENTORY_RESERVED,
-            &reserved,
-        )?,
-    )
-    .await?;
+    outbox::enqueue(tx, &NewEvent::of(aggregate::ORDER, order_id, &reserved)?).await?;
     tracing::info!(order_id, "stock reserved");
     Ok(())
 }

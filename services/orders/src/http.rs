@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use contracts::{aggregate, event};
+use contracts::aggregate;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
@@ -116,16 +116,7 @@ pub async fn place(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Err
             })
             .collect(),
     };
-    outbox::enqueue(
-        tx,
-        &NewEvent::new(
-            aggregate::ORDER,
-            view.order_id,
-            event::ORDER_PLACED,
-            &placed,
-        )?,
-    )
-    .await?;
+    outbox::enqueue(tx, &NewEvent::of(aggregate::ORDER, view.order_id, &placed)?).await?;
     tracing::info!(
         order_id = view.order_id,
         total_cents = view.total_cents,

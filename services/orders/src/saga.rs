@@ -3,7 +3,7 @@
 //! `OrderCancelled`. Only a `pending` order moves, so a late or repeated
 //! event cannot flip a decided one.
 
-use contracts::{aggregate, event};
+use contracts::{AnyEvent, aggregate};
 use reliability::TenantTx;
 use reliability::consumer::{Handler, HandlerError, payload_lock_key};
 use reliability::outbox::{self, Envelope, NewEvent};
@@ -19,28 +19,15 @@ impl Handler for Saga {
     }
 
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
-        match e.event_type.as_str() {
-            event::PAYMENT_CAPTURED => {
-                let p: contracts::PaymentCaptured = e.decode()?;
-                decide(tx, p.order_id, None).await
+        match e.event()? {
+            AnyEvent::PaymentCaptured(p) => decide(tx, p.order_id, None).await,
+            AnyEvent::PaymentFailed(p) => {
+                let reason = format!("payment_failed: {}", p.reason);
+                decide(tx, p.order_id, Some(reason)).await
             }
-            event::PAYMENT_FAILED => {
-                let p: contracts::PaymentFailed = e.decode()?;
-                decide(
-                    tx,
-                    p.order_id,
-                    Some(format!("payment_failed: {}", p.reason)),
-                )
-                .await
-            }
-            event::INVENTORY_REJECTED => {
-                let p: contracts::InventoryRejected = e.decode()?;
-                decide(
-                    tx,
-                    p.order_id,
-                    Some(format!("inventory_rejected: {}", p.reason)),
-                )
-                .await
+            AnyEvent::InventoryRejected(p) => {
+                let reason = format!("inventory_rejected: {}", p.reason);
+                decide(tx, p.order_id, Some(reason)).await
             }
             _ => Ok(()),
         }
@@ -88,16 +75,14 @@ async fn decide(
         };
     }
     let event = match cancel_reason {
-        None => NewEvent::new(
+        None => NewEvent::of(
             aggregate::ORDER,
             order_id,
-            event::ORDER_CONFIRMED,
             &contracts::OrderConfirmed { order_id },
         )?,
-        Some(reason) => NewEvent::new(
+        Some(reason) => NewEvent::of(
             aggregate::ORDER,
             order_id,
-            event::ORDER_CANCELLED,
             &contracts::OrderCancelled { order_id, reason },
         )?,
     };

@@ -1,7 +1,7 @@
 //! The payments step of the saga: on `InventoryReserved`, record a pending
 //! payment. Charging happens in the provider worker, outside any transaction.
 
-use contracts::event;
+use contracts::AnyEvent;
 use reliability::TenantTx;
 use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
@@ -12,10 +12,9 @@ pub struct Charges;
 
 impl Handler for Charges {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
-        if e.event_type != event::INVENTORY_RESERVED {
+        let AnyEvent::InventoryReserved(r) = e.event()? else {
             return Ok(());
-        }
-        let r: contracts::InventoryReserved = e.decode()?;
+        };
         // One payment per order, whatever arrives twice.
         sqlx::query(
             "INSERT INTO payments (tenant_id, order_id, customer_id, amount_cents, currency, traceparent)

@@ -5,7 +5,7 @@
 //! of one order's events would each miss the other's event and the later
 //! write would lose one, so they take turns on the order (`lock_key`).
 
-use contracts::{aggregate, event};
+use contracts::{AnyEvent, aggregate};
 use reliability::TenantTx;
 use reliability::consumer::{Handler, HandlerError, payload_lock_key};
 use reliability::outbox::Envelope;
@@ -14,18 +14,6 @@ pub const CONSUMER: &str = contracts::topology::PROJECTION_VIEWS.consumer;
 
 pub struct Views;
 
-/// Event types that belong to an order's view.
-const ORDER_EVENTS: [&str; 8] = [
-    event::ORDER_PLACED,
-    event::ORDER_CONFIRMED,
-    event::ORDER_CANCELLED,
-    event::INVENTORY_RESERVED,
-    event::INVENTORY_REJECTED,
-    event::PAYMENT_CAPTURED,
-    event::PAYMENT_FAILED,
-    event::REFUND_ISSUED,
-];
-
 impl Handler for Views {
     /// Every event of one order takes turns, whichever aggregate sent it.
     fn lock_key(&self, e: &Envelope) -> Option<String> {
@@ -33,13 +21,19 @@ impl Handler for Views {
     }
 
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
-        if !ORDER_EVENTS.contains(&e.event_type.as_str()) {
-            return Ok(());
-        }
-        e.check_version(contracts::version(&e.event_type).unwrap_or(1))?;
-        let order_id = e.payload["order_id"].as_i64().ok_or_else(|| {
-            HandlerError::Permanent(format!("{} without an order_id", e.event_type))
-        })?;
+        // The events that belong to an order's view; the view is computed
+        // from their stored payloads.
+        let order_id = match e.event()? {
+            AnyEvent::OrderPlaced(p) => p.order_id,
+            AnyEvent::OrderConfirmed(p) => p.order_id,
+            AnyEvent::OrderCancelled(p) => p.order_id,
+            AnyEvent::InventoryReserved(p) => p.order_id,
+            AnyEvent::InventoryRejected(p) => p.order_id,
+            AnyEvent::PaymentCaptured(p) => p.order_id,
+            AnyEvent::PaymentFailed(p) => p.order_id,
+            AnyEvent::RefundIssued(p) => p.order_id,
+            AnyEvent::StockAdjusted(_) => return Ok(()),
+        };
         let tenant = tx.tenant().get();
         sqlx::query(
             "INSERT INTO order_view_events (tenant_id, order_id, source, message_id, event_type, occurred_at, payload)

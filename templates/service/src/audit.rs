@@ -9,7 +9,7 @@ use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
 use reliability::TenantTx;
 
-use crate::http::ITEM_CREATED;
+use crate::http::ItemCreated;
 
 /// The consumer's queue and bindings, declared once: the consumer binds its
 /// queue from it and the relay declares it before it publishes. A service
@@ -31,15 +31,12 @@ impl Handler for Audit {
     }
 
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
-        if e.event_type != ITEM_CREATED {
-            return Ok(());
-        }
-        let item_id = e.payload["item_id"]
-            .as_i64()
-            .ok_or_else(|| HandlerError::Permanent("no item_id".into()))?;
+        // The queue binds ItemCreated alone: anything else, or another
+        // version, is refused (dead-lettered), not skipped.
+        let item: ItemCreated = e.decode()?;
         sqlx::query("INSERT INTO item_audit (tenant_id, item_id) VALUES ($1, $2)")
             .bind(tx.tenant().get())
-            .bind(item_id)
+            .bind(item.item_id)
             .execute(&mut **tx)
             .await?;
         Ok(())

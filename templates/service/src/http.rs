@@ -17,9 +17,20 @@ use utoipa_axum::routes;
 
 use crate::Error;
 
-/// The event this service publishes (move it to `libs/contracts` once
-/// another service consumes it).
-pub const ITEM_CREATED: &str = "ItemCreated";
+/// The event this service publishes: its payload, and its type, version and
+/// source as a contract. Move it to `libs/contracts` (a row in `events!`)
+/// once another service consumes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemCreated {
+    pub item_id: i64,
+    pub name: String,
+}
+
+impl contracts::Event for ItemCreated {
+    const TYPE: &'static str = "ItemCreated";
+    const VERSION: i32 = 1;
+    const SOURCE: &'static str = "__SERVICE__";
+}
 
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()
@@ -63,12 +74,11 @@ async fn create_item(req: Idempotent<CreateItem>) -> Response {
         .bind(name)
         .fetch_one(&mut **tx)
         .await?;
-        let event = NewEvent::new(
-            "item",
-            item.item_id,
-            ITEM_CREATED,
-            &serde_json::json!({"item_id": item.item_id, "name": item.name}),
-        )?;
+        let created = ItemCreated {
+            item_id: item.item_id,
+            name: item.name.clone(),
+        };
+        let event = NewEvent::of("item", item.item_id, &created)?;
         outbox::enqueue(tx, &event).await?;
         Ok(item)
     })

@@ -260,7 +260,7 @@ impl<H: Handler> Consumer<H> {
                 Err(ApplyError::Handler(e)) => e,
             };
             let wait = match &failure {
-                HandlerError::Permanent(_) => None,
+                e if e.is_permanent() => None,
                 HandlerError::Database(e) if is_outage(e) => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)

@@ -1,7 +1,7 @@
 //! Charging one leased payment: the call, the outcome rules, the record,
 //! and the deadline (docs/adr/0011).
 
-use contracts::{aggregate, event};
+use contracts::aggregate;
 use reliability::outbox::{self, NewEvent};
 use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
@@ -124,10 +124,9 @@ impl Worker {
         if moved == 1 {
             let order_id = p.order_id;
             let event = match outcome {
-                Charge::Captured(_) => NewEvent::new(
+                Charge::Captured(_) => NewEvent::of(
                     aggregate::PAYMENT,
                     payment_id,
-                    event::PAYMENT_CAPTURED,
                     &contracts::PaymentCaptured {
                         order_id,
                         payment_id,
@@ -135,10 +134,9 @@ impl Worker {
                         currency: p.currency,
                     },
                 )?,
-                Charge::Failed(reason) | Charge::Unknown(reason) => NewEvent::new(
+                Charge::Failed(reason) | Charge::Unknown(reason) => NewEvent::of(
                     aggregate::PAYMENT,
                     payment_id,
-                    event::PAYMENT_FAILED,
                     &contracts::PaymentFailed {
                         order_id,
                         payment_id,
@@ -188,12 +186,7 @@ impl Worker {
             };
             outbox::enqueue(
                 &mut tx,
-                &NewEvent::new(
-                    aggregate::PAYMENT,
-                    payment_id,
-                    event::PAYMENT_FAILED,
-                    &failed,
-                )?,
+                &NewEvent::of(aggregate::PAYMENT, payment_id, &failed)?,
             )
             .await?;
             tracing::warn!(

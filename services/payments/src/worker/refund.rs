@@ -1,6 +1,6 @@
 //! Refunding one leased refund with its own key, for good (docs/adr/0011).
 
-use contracts::{aggregate, event};
+use contracts::aggregate;
 use reliability::outbox::{self, NewEvent};
 use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
@@ -90,12 +90,7 @@ impl Worker {
                     };
                     outbox::enqueue(
                         &mut tx,
-                        &NewEvent::new(
-                            aggregate::PAYMENT,
-                            r.payment_id,
-                            event::REFUND_ISSUED,
-                            &issued,
-                        )?,
+                        &NewEvent::of(aggregate::PAYMENT, r.payment_id, &issued)?,
                     )
                     .await?;
                 }

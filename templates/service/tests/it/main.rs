@@ -124,7 +124,7 @@ async fn three_competing_consumers_audit_like_one_in_order() {
                 n,
                 1 + n % 2,
                 ("item", n),
-                __SERVICE__::http::ITEM_CREATED,
+                <__SERVICE__::http::ItemCreated as contracts::Event>::TYPE,
                 serde_json::json!({"item_id": n, "name": format!("item {n}")}),
             )
         })
