@@ -6,6 +6,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+mod failure;
+pub use failure::{Domain, Failure, read_one};
+
 /// A client-facing error: status, a stable snake_case code, a human message.
 /// Never carries SQL text or a stack trace.
 #[derive(Debug, Clone)]

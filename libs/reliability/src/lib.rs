@@ -39,36 +39,4 @@ pub mod trace;
 
 pub use error::{Error, Result};
 
-/// What [`service_error!`] expands to needs, whatever the caller imports.
-#[doc(hidden)]
-pub mod __private {
-    pub use axum;
-    pub use sqlx;
-}
-
-/// The glue of a service's error enum, written once: `From<sqlx::Error>`
-/// through its `Internal(reliability::Error)` variant, and the HTTP answer
-/// from its `api(&self) -> ApiError`, the one place each error maps to HTTP.
-#[macro_export]
-macro_rules! service_error {
-    ($error:ty) => {
-        impl ::core::convert::From<$crate::__private::sqlx::Error> for $error {
-            fn from(e: $crate::__private::sqlx::Error) -> Self {
-                Self::Internal(e.into())
-            }
-        }
-
-        impl ::core::convert::From<$error> for $crate::http::ApiError {
-            fn from(e: $error) -> Self {
-                e.api()
-            }
-        }
-
-        impl $crate::__private::axum::response::IntoResponse for $error {
-            fn into_response(self) -> $crate::__private::axum::response::Response {
-                $crate::__private::axum::response::IntoResponse::into_response(self.api())
-            }
-        }
-    };
-}
 pub use tenant::{TenantId, TenantTx};

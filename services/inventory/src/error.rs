@@ -1,43 +1,30 @@
 use axum::http::StatusCode;
-use reliability::http::ApiError;
+use reliability::http::{ApiError, Domain, Failure};
 
-/// Everything a request or an event can fail with in inventory, and the one
-/// place each maps to HTTP.
+/// Everything a request or an event can fail with in inventory: the shared
+/// failures (`Invalid` a 422 `invalid_adjustment`, `NotFound`, `Internal`)
+/// and inventory's own.
+pub type Error = Failure<Inventory>;
+
+/// Inventory's own failures, and their HTTP answers.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// 422: well-formed input that breaks a rule.
-    #[error("{0}")]
-    Invalid(String),
+pub enum Inventory {
     /// 422: the adjustment would leave less stock than is reserved.
     #[error("the adjustment would take on_hand below what is reserved")]
     BelowReserved,
-    /// 404: no such product for this tenant.
-    #[error("product not found")]
-    NotFound,
-    /// 503 while a dependency is down, else 500.
-    #[error(transparent)]
-    Internal(#[from] reliability::Error),
 }
 
-impl Error {
-    pub fn api(&self) -> ApiError {
+impl Domain for Inventory {
+    const INVALID: &'static str = "invalid_adjustment";
+    const NOT_FOUND: &'static str = "product not found";
+
+    fn api(&self) -> ApiError {
         match self {
-            Self::Invalid(msg) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_adjustment",
-                msg.clone(),
-            ),
             Self::BelowReserved => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "insufficient_stock",
                 self.to_string(),
             ),
-            Self::NotFound => {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", "product not found")
-            }
-            Self::Internal(e) => ApiError::failure(e),
         }
     }
 }
-
-reliability::service_error!(Error);

@@ -5,6 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use contracts::aggregate;
+use reliability::http::read_one;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
@@ -15,7 +16,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::Error;
+use crate::error::{Error, Inventory};
 use contracts::Sku;
 
 pub fn router(state: ApiState) -> OpenApiRouter {
@@ -148,7 +149,7 @@ async fn apply_adjustment(
         .fetch_optional(&mut **tx)
         .await?
     };
-    let product = product.ok_or(Error::BelowReserved)?;
+    let product = product.ok_or(Error::Domain(Inventory::BelowReserved))?;
     sqlx::query(
         "INSERT INTO stock_adjustments (tenant_id, sku, delta, reason) VALUES ($1, $2, $3, $4)",
     )
@@ -169,12 +170,14 @@ async fn get_product(
     State(pool): State<PgPool>,
     Path(sku): Path<String>,
 ) -> Result<Json<ProductView>, Error> {
-    let mut tx = TenantTx::begin(&pool, tenant).await?;
-    let product = sqlx::query_as("SELECT sku, on_hand, reserved, on_hand - reserved AS available FROM products WHERE sku = $1")
+    read_one(&pool, tenant, async |tx| {
+        let product = sqlx::query_as(
+            "SELECT sku, on_hand, reserved, on_hand - reserved AS available FROM products WHERE sku = $1",
+        )
         .bind(&sku)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(Error::NotFound)?;
-    tx.commit().await?;
-    Ok(Json(product))
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(product)
+    })
+    .await
 }

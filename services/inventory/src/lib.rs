@@ -9,7 +9,7 @@ pub mod stock;
 use reliability::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
-pub use error::Error;
+pub use error::{Error, Inventory};
 
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/inventory");
 

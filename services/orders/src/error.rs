@@ -1,34 +1,14 @@
-use axum::http::StatusCode;
-use reliability::http::ApiError;
+use reliability::http::{Domain, Failure};
 
-/// Everything a request or an event can fail with in this service, and
-/// (in `api`) the one place each maps to HTTP.
+/// Everything a request or an event can fail with in orders: the shared
+/// failures, answered with orders' codes (a 422 is `invalid_order`).
+pub type Error = Failure<Orders>;
+
+/// Orders has no failures of its own; it names its codes.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// 422: well-formed input that breaks a rule.
-    #[error("{0}")]
-    Invalid(String),
-    /// 404: no such order for this tenant (another tenant's id looks the same).
-    #[error("order not found")]
-    NotFound,
-    /// 503 while a dependency is down, else 500: logged once here, shown to
-    /// the client as a generic message.
-    #[error(transparent)]
-    Internal(#[from] reliability::Error),
-}
+pub enum Orders {}
 
-impl Error {
-    pub fn api(&self) -> ApiError {
-        match self {
-            Self::Invalid(msg) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_order",
-                msg.clone(),
-            ),
-            Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found"),
-            Self::Internal(e) => ApiError::failure(e),
-        }
-    }
+impl Domain for Orders {
+    const INVALID: &'static str = "invalid_order";
+    const NOT_FOUND: &'static str = "order not found";
 }
-
-reliability::service_error!(Error);

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use contracts::aggregate;
+use reliability::http::read_one;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
@@ -134,12 +135,7 @@ async fn get_order(
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {
     let order_id = OrderId::parse(&order_id)?;
-    let mut tx = TenantTx::begin(&pool, tenant).await?;
-    let view = find_order(&mut tx, order_id)
-        .await?
-        .ok_or(Error::NotFound)?;
-    tx.commit().await?;
-    Ok(Json(view))
+    read_one(&pool, tenant, async |tx| find_order(tx, order_id).await).await
 }
 
 async fn insert_order(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Error> {

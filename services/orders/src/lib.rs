@@ -14,7 +14,7 @@ pub mod saga;
 use reliability::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
-pub use error::Error;
+pub use error::{Error, Orders};
 
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/orders");
 

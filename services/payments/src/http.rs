@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::Error;
+use crate::error::{Error, Payments};
 
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()
@@ -129,7 +129,7 @@ async fn reserve_refund(
                 .fetch_one(&mut **tx)
                 .await?;
         return Err(if exists {
-            Error::RefundTooLarge
+            Error::Domain(Payments::RefundTooLarge)
         } else {
             Error::NotFound
         });

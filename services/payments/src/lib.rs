@@ -15,7 +15,7 @@ use std::time::Duration;
 use reliability::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
-pub use error::Error;
+pub use error::{Error, Payments};
 
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/payments");
 

@@ -1,24 +1,12 @@
-use axum::http::StatusCode;
-use reliability::http::ApiError;
+use reliability::http::{Domain, Failure};
 
-/// Everything the projection's API can fail with, mapped to HTTP in one place.
+/// Everything the projection's API can fail with: the shared failures (a
+/// 404 when no event of the order has arrived, or it is another tenant's).
+pub type Error = Failure<Projection>;
+
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// 404: no event of this order has arrived (or it is another tenant's).
-    #[error("order not found")]
-    NotFound,
-    /// 503 while a dependency is down, else 500.
-    #[error(transparent)]
-    Internal(#[from] reliability::Error),
-}
+pub enum Projection {}
 
-impl Error {
-    pub fn api(&self) -> ApiError {
-        match self {
-            Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "order not found"),
-            Self::Internal(e) => ApiError::failure(e),
-        }
-    }
+impl Domain for Projection {
+    const NOT_FOUND: &'static str = "order not found";
 }
-
-reliability::service_error!(Error);

@@ -3,8 +3,9 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
+use reliability::TenantId;
+use reliability::http::read_one;
 use reliability::service::ApiState;
-use reliability::{TenantId, TenantTx};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
@@ -49,10 +50,7 @@ async fn get_order(
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {
     let order_id: i64 = order_id.parse().map_err(|_| Error::NotFound)?;
-    let mut tx = TenantTx::begin(&pool, tenant).await?;
-    let view = find(&mut tx, order_id).await?.ok_or(Error::NotFound)?;
-    tx.commit().await?;
-    Ok(Json(view))
+    read_one(&pool, tenant, async |tx| find(tx, order_id).await).await
 }
 
 /// The view and its timeline (oldest first), if any event of the order arrived.

@@ -13,7 +13,7 @@ use reliability::service::{self, Databases, Service, ShutdownToken, Tasks};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgConnectOptions;
 
-pub use error::Error;
+pub use error::{Error, Projection};
 
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/projection");
 

@@ -1,33 +1,16 @@
-use axum::http::StatusCode;
-use reliability::http::ApiError;
+use reliability::http::{Domain, Failure};
 
-/// Everything a request can fail with in this service, and the one place
-/// each maps to HTTP.
+/// Everything a request can fail with in this service: the shared failures
+/// (`Invalid` a 422 `invalid_item`, `NotFound`, `Internal`: a logged 500 or,
+/// while a dependency is down, a 503), answered with this service's codes.
+pub type Error = Failure<Items>;
+
+/// This service's own failures (none yet) and their HTTP answers: add a
+/// variant here, and its arm in `api`, for a rule of your domain.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// 422: well-formed input that breaks a rule.
-    #[error("{0}")]
-    Invalid(String),
-    /// 404: no such item for this tenant.
-    #[error("item not found")]
-    NotFound,
-    /// 500: logged once, shown as a generic message.
-    #[error(transparent)]
-    Internal(#[from] reliability::Error),
-}
+pub enum Items {}
 
-impl Error {
-    pub fn api(&self) -> ApiError {
-        match self {
-            Self::Invalid(msg) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_item",
-                msg.clone(),
-            ),
-            Self::NotFound => ApiError::new(StatusCode::NOT_FOUND, "not_found", "item not found"),
-            Self::Internal(e) => ApiError::failure(e),
-        }
-    }
+impl Domain for Items {
+    const INVALID: &'static str = "invalid_item";
+    const NOT_FOUND: &'static str = "item not found";
 }
-
-reliability::service_error!(Error);

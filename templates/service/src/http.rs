@@ -5,6 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
+use reliability::http::read_one;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
@@ -94,12 +95,12 @@ async fn get_item(
     Path(item_id): Path<String>,
 ) -> Result<Json<ItemView>, Error> {
     let item_id: i64 = item_id.parse().map_err(|_| Error::NotFound)?;
-    let mut tx = TenantTx::begin(&pool, tenant).await?;
-    let item = sqlx::query_as("SELECT item_id, name, created_at FROM items WHERE item_id = $1")
-        .bind(item_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(Error::NotFound)?;
-    tx.commit().await?;
-    Ok(Json(item))
+    read_one(&pool, tenant, async |tx| {
+        let item = sqlx::query_as("SELECT item_id, name, created_at FROM items WHERE item_id = $1")
+            .bind(item_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(item)
+    })
+    .await
 }

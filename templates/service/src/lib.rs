@@ -12,7 +12,7 @@ pub mod http;
 use reliability::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
-pub use error::Error;
+pub use error::{Error, Items};
 
 /// This service's tables (the reliability tables come first).
 pub static MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/__SERVICE__");
