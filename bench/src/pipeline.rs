@@ -1,0 +1,323 @@
+//! The relay and the consumer against the broker's and the database's own
+//! limits: a sliding-window confirmed publisher, a raw consume + ack.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions, QueuePurgeOptions,
+};
+use lapin::types::FieldTable;
+use reliability::TenantTx;
+use reliability::broker::{self, Outgoing};
+use reliability::consumer::{Consumer, ConsumerConfig, Handler, HandlerError};
+use reliability::outbox::Envelope;
+use reliability::relay::{Relay, RelayConfig};
+use reliability::testing::{TestDb, amqp_url, unique};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Sizes, Table, cpu_self, pct};
+
+const STATE_SQL: &str = "
+CREATE TABLE bench_state (
+    tenant_id bigint NOT NULL, aggregate_id text NOT NULL, applied bigint NOT NULL,
+    PRIMARY KEY (tenant_id, aggregate_id));
+ALTER TABLE bench_state ENABLE ROW LEVEL SECURITY;
+ALTER TABLE bench_state FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON bench_state
+    USING (tenant_id = (SELECT app_current_tenant()))
+    WITH CHECK (tenant_id = (SELECT app_current_tenant()));
+GRANT SELECT, INSERT, UPDATE ON bench_state TO commerce_app;";
+
+/// One upsert per event: the smallest real piece of state a consumer keeps.
+struct Upsert;
+
+impl Handler for Upsert {
+    async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        sqlx::query(
+            "INSERT INTO bench_state (tenant_id, aggregate_id, applied) VALUES ($1, $2, 1)
+             ON CONFLICT (tenant_id, aggregate_id) DO UPDATE SET applied = bench_state.applied + 1",
+        )
+        .bind(e.tenant_id)
+        .bind(&e.aggregate_id)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+}
+
+/// `rows` OrderPlaced-sized events over 100 tenants and 10 000 aggregates.
+async fn fill(db: &TestDb, rows: i64) -> anyhow::Result<()> {
+    sqlx::query("TRUNCATE outbox_messages")
+        .execute(&db.owner)
+        .await?;
+    sqlx::query(
+        r#"INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, headers)
+           SELECT 1 + g % 100, 'order', (g % 10000)::text, 'OrderPlaced',
+                  jsonb_build_object('order_id', g, 'customer_id', 'c-' || g, 'currency', 'EUR',
+                                     'total_cents', 2500, 'lines',
+                                     jsonb_build_array(jsonb_build_object('sku', 'SKU-1', 'quantity', 2, 'unit_price_cents', 1250))),
+                  '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'
+           FROM generate_series(1, $1) g"#,
+    )
+    .bind(rows)
+    .execute(&db.owner)
+    .await?;
+    sqlx::query("VACUUM ANALYZE outbox_messages")
+        .execute(&db.owner)
+        .await?;
+    Ok(())
+}
+
+/// Publishes `messages` as fast as the broker confirms them: at most
+/// `WINDOW` unconfirmed at any time, each confirm awaited in order, no
+/// barrier between batches. Fails on any return or nack.
+async fn sliding_window_publish(
+    channel: &lapin::Channel,
+    exchange: &str,
+    messages: &[Outgoing],
+) -> anyhow::Result<()> {
+    const WINDOW: usize = 1000;
+    let mut in_flight = std::collections::VecDeque::with_capacity(WINDOW);
+    for m in messages {
+        if in_flight.len() == WINDOW {
+            let confirm: lapin::PublisherConfirm = in_flight.pop_front().expect("window is full");
+            anyhow::ensure!(
+                matches!(confirm.await?, lapin::Confirmation::Ack(None)),
+                "not routed"
+            );
+        }
+        let props = lapin::BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(m.message_id.as_str().into())
+            .with_type(m.kind.as_str().into())
+            .with_headers(m.headers.clone());
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                m.routing_key.as_str().into(),
+                lapin::options::BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &m.body,
+                props,
+            )
+            .await?;
+        in_flight.push_back(confirm);
+    }
+    for confirm in in_flight {
+        anyhow::ensure!(
+            matches!(confirm.await?, lapin::Confirmation::Ack(None)),
+            "not routed"
+        );
+    }
+    Ok(())
+}
+
+pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(STATE_SQL).execute(&db.owner).await?;
+    let exchange = unique("reltest.bench.");
+    let sink = ConsumerConfig::new(&format!("{exchange}.sink"), &exchange, &["#"]);
+    let queue = sink.queue.queue.clone();
+    let conn = broker::connect(&amqp_url(), "bench").await?;
+    let channel = conn.create_channel().await?;
+    broker::declare_exchange(&channel, &exchange).await?;
+    broker::declare_queue(&channel, &sink.queue).await?;
+    let purge = || async {
+        channel
+            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+    };
+    let n = s.rows as f64;
+
+    // The limit: the same messages, same batches, no database.
+    fill(&db, s.rows).await?;
+    let rows: Vec<Envelope> = sqlx::query_as(
+        "SELECT id, 'bench' AS source, tenant_id, aggregate_type, aggregate_id, event_type,
+                event_version, occurred_at, payload
+         FROM outbox_messages ORDER BY id",
+    )
+    .fetch_all(&db.owner)
+    .await?;
+    let headers: serde_json::Map<String, Value> = serde_json::from_value(
+        json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}),
+    )?;
+    let messages = rows
+        .iter()
+        .map(|e| {
+            Ok(Outgoing {
+                routing_key: e.routing_key(),
+                message_id: e.message_id(),
+                kind: e.event_type.clone(),
+                headers: broker::headers_from_json(&headers),
+                body: serde_json::to_vec(e)?,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    drop(rows);
+    // The broker's limit: a sliding window of confirms (at most WINDOW
+    // unconfirmed, no batch barrier), the same messages, the same exchange.
+    let publish_channel = conn.create_channel().await?;
+    publish_channel
+        .confirm_select(ConfirmSelectOptions { nowait: false })
+        .await?;
+    let t0 = Instant::now();
+    sliding_window_publish(&publish_channel, &exchange, &messages).await?;
+    let raw = n / t0.elapsed().as_secs_f64();
+    println!("   raw sliding-window confirmed publish: {raw:.0} msg/s");
+
+    let mut config = RelayConfig::new("bench", &exchange);
+    config.batch_size = 500;
+    for relays in [1, 2, 4] {
+        purge().await?;
+        if relays > 1 {
+            fill(&db, s.rows).await?;
+        }
+        let cpu0 = cpu_self();
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..relays)
+            .map(|_| {
+                let relay = Relay::new(db.relay.clone(), &amqp_url(), config.clone());
+                tokio::spawn(async move {
+                    let publisher = relay.publisher().await?;
+                    relay.drain(&publisher).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await??;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+                .fetch_one(&db.owner)
+                .await?;
+        anyhow::ensure!(pending == 0, "{pending} rows left after the drain");
+        let rate = n / secs;
+        t.row([
+            &format!("relay drain, {relays} relay(s), {} rows", s.rows),
+            &format!("{rate:.0} events/s"),
+            &format!("sliding-window publish {raw:.0} msg/s"),
+            &pct(rate / raw),
+            if relays == 1 {
+                ">= 70% with one relay"
+            } else {
+                ">= 85% with 2-4 relays"
+            },
+        ]);
+        if relays == 1 {
+            let cpu = (cpu_self() - cpu0) * 1000.0 / n;
+            t.row([
+                "relay CPU per 1k events (this process)",
+                &format!("{:.0} ms", cpu * 1000.0),
+                "",
+                "",
+                "",
+            ]);
+            let (table, index, pending_index): (i64, i64, i64) = sqlx::query_as(
+                "SELECT pg_table_size('outbox_messages'), pg_indexes_size('outbox_messages'),
+                        (SELECT coalesce(sum(pg_relation_size(indexrelid)), 0)::bigint FROM pg_index
+                         WHERE indrelid = 'outbox_messages'::regclass AND indpred IS NOT NULL)",
+            )
+            .fetch_one(&db.owner)
+            .await?;
+            t.row([
+                "outbox after the drain (rows kept until archived)",
+                &format!("table {} MiB, indexes {} MiB", table >> 20, index >> 20),
+                &format!("pending index {} KiB", pending_index >> 10),
+                "",
+                "",
+            ]);
+        }
+    }
+
+    // The queue now holds the last drain's messages.
+    let m = s.consume;
+    let raw_channel = conn.create_channel().await?;
+    raw_channel
+        .basic_qos(sink.prefetch, BasicQosOptions { global: false })
+        .await?;
+    let mut deliveries = raw_channel
+        .basic_consume(
+            queue.as_str().into(),
+            "bench-raw".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let t0 = Instant::now();
+    for _ in 0..m {
+        let d = deliveries
+            .next()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("queue ran dry"))??;
+        d.ack(BasicAckOptions::default()).await?;
+    }
+    let raw_consume = m as f64 / t0.elapsed().as_secs_f64();
+    raw_channel.close(200, "done".into()).await?;
+
+    // The consumer runtime with lanes and a second consumer beside the
+    // first: each run applies the same `m` events afresh (its own consumer
+    // name: its own dedup records), republished onto the emptied queue.
+    for (label, consumers, lanes) in [
+        ("1 lane", 1, 1),
+        ("2 lanes", 1, 2),
+        ("4 lanes", 1, 4),
+        ("2 consumers x 2 lanes", 2, 2),
+    ] {
+        purge().await?;
+        let m_usize = usize::try_from(m)?;
+        sliding_window_publish(&publish_channel, &exchange, &messages[..m_usize]).await?;
+        let mut config = sink.clone();
+        config.name = format!("{}-{}-{consumers}x{lanes}", sink.name, label.len());
+        config.lanes = lanes;
+        let running: Vec<_> = (0..consumers)
+            .map(|_| {
+                Arc::new(Consumer::new(
+                    db.app.clone(),
+                    &amqp_url(),
+                    config.clone(),
+                    Upsert,
+                ))
+            })
+            .collect();
+        let stop = CancellationToken::new();
+        let t0 = Instant::now();
+        let tasks: Vec<_> = running
+            .iter()
+            .map(|c| {
+                let (c, stop) = (c.clone(), stop.clone());
+                tokio::spawn(async move { c.run(stop).await })
+            })
+            .collect();
+        let deadline = t0 + Duration::from_secs(600);
+        let finished = || running.iter().map(|c| c.stats().finished()).sum::<u64>();
+        while finished() < m {
+            anyhow::ensure!(Instant::now() < deadline, "consumer too slow");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let applied = finished() as f64 / t0.elapsed().as_secs_f64();
+        stop.cancel();
+        for task in tasks {
+            task.await??;
+        }
+        t.row([
+            &format!("consumer apply, {m} events, {label}"),
+            &format!("{applied:.0} events/s"),
+            &format!("raw consume+ack {raw_consume:.0}/s"),
+            &pct(applied / raw_consume),
+            if lanes == 4 { ">= 60%" } else { "" },
+        ]);
+    }
+    drop(messages);
+
+    conn.close(200, "bench done".into()).await?;
+    reliability::testing::delete_broker_objects(&[queue], &exchange).await;
+    db.cleanup().await;
+    Ok(())
+}
