@@ -9,7 +9,7 @@ use reliability::http::read_one;
 use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
 use reliability::service::ApiState;
-use reliability::{TenantId, TenantTx};
+use reliability::TenantId;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use utoipa::ToSchema;
