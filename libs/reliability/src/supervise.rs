@@ -3,6 +3,10 @@
 //! loss, report not ready and try again after a jittered, growing delay, so
 //! that many processes cut off by one outage do not come back in lockstep.
 //! A fail point's simulated crash ends the loop, as a real one would.
+//!
+//! The payments worker uses [`Backoff`] without the loop: its provider calls
+//! in flight must outlive a database blip (a restart would drop them), so it
+//! keeps running and spaces its claim and LISTEN retries instead.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
