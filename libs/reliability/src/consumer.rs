@@ -74,6 +74,9 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
+/// A handler's own failure, kept as the error it is.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// Not an event this build reads (an unknown type or version, a payload
@@ -81,13 +84,14 @@ pub enum HandlerError {
     #[error(transparent)]
     Decode(#[from] contracts::DecodeError),
     /// The handler's own refusal, which retrying cannot change (an event
-    /// about an order this service never had): dead-lettered at once, with
-    /// the message as the reason.
+    /// about an order this service never had): dead-lettered at once. A
+    /// message (`"no order 7".into()`) or the error that caused it.
     #[error("permanent: {0}")]
-    Permanent(String),
-    /// May succeed on a later try: retried, then dead-lettered.
+    Permanent(BoxError),
+    /// May succeed on a later try (a dependency of the handler's own that
+    /// timed out): retried, then dead-lettered. A message or its cause.
     #[error("transient: {0}")]
-    Transient(String),
+    Transient(BoxError),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     /// A library call failed; the retry decision reads its kind (an
@@ -308,7 +312,7 @@ fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {
 }
 
 fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
-    TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.to_string()).into())
+    TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.into()).into())
 }
 
 /// The database is unreachable or shedding load: not the message's fault.

@@ -62,7 +62,9 @@ async fn decide(
                 .fetch_optional(&mut **tx)
                 .await?;
         return match current {
-            None => Err(HandlerError::Permanent(format!("no order {order_id}"))),
+            None => Err(HandlerError::Permanent(
+                format!("no order {order_id}").into(),
+            )),
             Some(current) => {
                 tracing::warn!(
                     order_id,

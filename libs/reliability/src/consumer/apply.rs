@@ -187,7 +187,7 @@ impl<H: Handler> Consumer<H> {
         if let Err(Error::FailPoint(name)) =
             self.config.fail_points.check(failpoint::CONSUMER_HANDLER)
         {
-            return Err(HandlerError::Transient(format!("fail point {name} fired")).into());
+            return Err(HandlerError::Transient(format!("fail point {name} fired").into()).into());
         }
         self.handler.handle(tx, event).await?;
         Ok(())
