@@ -94,6 +94,13 @@ pub struct CommonSettings {
     /// consume the same queues too.
     #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
     pub consumer_lanes: usize,
+    /// Connections of the runtime role's pool per process (HTTP handlers,
+    /// consumer lanes, the payments worker); the relay's pool is 6 and the
+    /// owner's 2. Every process of every replica holds its own pools:
+    /// their sum must stay under PostgreSQL's `max_connections` (100 by
+    /// default), or behind a pooler.
+    #[arg(long, env = "DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: u32,
     /// Port of `/healthz`, `/readyz` and `/metrics` for a process that
     /// serves no HTTP API (roles `relay` and `consume`); default: the
     /// service's port + 1000 (relay) or + 2000 (consume). Roles that serve
@@ -143,6 +150,7 @@ impl CommonSettings {
             relay_confirm_timeout_ms: 10_000,
             relay_max_attempts: 10,
             consumer_lanes: 4,
+            db_pool_size: 16,
             ops_port: None,
             rate_limit_per_sec: 1000,
             rate_limit_burst: 2000,
@@ -255,7 +263,10 @@ impl Databases {
                 .connect_lazy_with(opts)
         };
         Ok(Self {
-            app: pool(role(&common.app_database_url, db::APP_ROLE)?, 16),
+            app: pool(
+                role(&common.app_database_url, db::APP_ROLE)?,
+                common.db_pool_size,
+            ),
             relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 6),
             owner: pool(role(&common.owner_database_url, db::OWNER_ROLE)?, 2),
         })
