@@ -394,7 +394,7 @@ async fn reverse_queue(queue: &str) -> anyhow::Result<usize> {
             .basic_ack(last.delivery_tag, BasicAckOptions { multiple: true })
             .await?;
     }
-    conn.close(200, "reordered".into()).await?;
+    broker::bounded(conn.close(200, "reordered".into())).await?;
     Ok(taken.len())
 }
 
@@ -489,7 +489,7 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     }
     let conn = broker::connect(&amqp_url(), "e2e-peek").await?;
     let left = broker::peek_dead_letters(&conn, &format!("{PREFIX}{PROJECTION}"), 10).await?;
-    conn.close(200, "peeked".into()).await?;
+    broker::bounded(conn.close(200, "peeked".into())).await?;
     let mut left: Vec<String> = left.into_iter().filter_map(|d| d.message_id).collect();
     left.sort();
     let mut injected: Vec<String> = poison.iter().map(|(id, _)| id.clone()).collect();
@@ -528,7 +528,7 @@ async fn dlq_metrics(run: &Run) -> anyhow::Result<Vec<String>> {
         let series = format!("consumer_dlq_depth{{consumer=\"{consumer}\"}}");
         expected.push((format!("{svc}-consumer"), series, f64::from(depth)));
     }
-    let _ = conn.close(200, "depths read".into()).await;
+    let _ = broker::bounded(conn.close(200, "depths read".into())).await;
     for (svc, pool) in [
         ("orders", &run.dbs.orders),
         ("inventory", &run.dbs.inventory),
@@ -577,7 +577,7 @@ async fn publish(messages: &[Outgoing]) -> anyhow::Result<()> {
     for r in publisher.publish_batch(messages).await {
         r?;
     }
-    conn.close(200, "published".into()).await?;
+    broker::bounded(conn.close(200, "published".into())).await?;
     Ok(())
 }
 
@@ -589,11 +589,15 @@ async fn wait_for_depth(queue: &str, n: u32) {
             let Ok(conn) = broker::connect(&amqp_url(), "e2e-depth").await else {
                 return false;
             };
-            let depth = match conn.create_channel().await {
-                Ok(channel) => broker::queue_depth(&channel, queue).await.unwrap_or(0),
+            // Every call bounded: over a reset lapin can leave one pending
+            // forever, and this wait's deadline is only checked between tries.
+            let depth = match broker::bounded(conn.create_channel()).await {
+                Ok(channel) => broker::bounded(broker::queue_depth(&channel, queue))
+                    .await
+                    .unwrap_or(0),
                 Err(_) => 0,
             };
-            let _ = conn.close(200, "depth".into()).await;
+            let _ = broker::bounded(conn.close(200, "depth".into())).await;
             depth == n
         },
     )

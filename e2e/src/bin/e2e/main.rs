@@ -46,6 +46,9 @@ mod faults;
 mod hostile;
 mod scale;
 
+/// How long one scenario may run before it counts as stuck.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(300);
+
 type Outcome = anyhow::Result<(String, Vec<String>)>;
 type Scenario = (
     &'static str,
@@ -192,29 +195,41 @@ async fn main() -> anyhow::Result<()> {
         }
         let t0 = Instant::now();
         println!("-- {name} (tenant {tenant})");
-        let outcome = std::panic::AssertUnwindSafe(scenario(&mut run, tenant))
-            .catch_unwind()
-            .await;
+        // The longest scenario takes under a minute; one stuck on a call
+        // with no deadline of its own is a failure, not a hung run.
+        let outcome = tokio::time::timeout(
+            SCENARIO_LIMIT,
+            std::panic::AssertUnwindSafe(scenario(&mut run, tenant)).catch_unwind(),
+        )
+        .await;
         let (faults, mut extra) = match outcome {
-            Ok(Ok(outcome)) => outcome,
-            // A scenario that could not drive its traffic or timed out
-            // waiting is a failure of the system under test, not of the
-            // runner: report it and go on.
-            Ok(Err(e)) => (
+            Err(_) => (
                 "(scenario aborted)".into(),
-                vec![format!("scenario: {e:#}")],
+                vec![format!(
+                    "scenario: still running after {SCENARIO_LIMIT:?} (a wait with no deadline)"
+                )],
             ),
-            Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_default();
-                (
+            Ok(outcome) => match outcome {
+                Ok(Ok(outcome)) => outcome,
+                // A scenario that could not drive its traffic or timed out
+                // waiting is a failure of the system under test, not of the
+                // runner: report it and go on.
+                Ok(Err(e)) => (
                     "(scenario aborted)".into(),
-                    vec![format!("scenario: {why}")],
-                )
-            }
+                    vec![format!("scenario: {e:#}")],
+                ),
+                Err(panic) => {
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_default();
+                    (
+                        "(scenario aborted)".into(),
+                        vec![format!("scenario: {why}")],
+                    )
+                }
+            },
         };
         // Whatever happened, the next scenario starts from a whole stack.
         let base = run.base.clone();

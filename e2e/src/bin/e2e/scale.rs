@@ -385,7 +385,7 @@ pub async fn deleted_queues(run: &mut Run, tenant: i64) -> Outcome {
         placed?;
         quiesce(run, tenant).await?;
     }
-    let _ = conn.close(200, "done".into()).await;
+    let _ = broker::bounded(conn.close(200, "done".into())).await;
     Ok((
         "inventory, payments, orders, projection in turn: consumer killed, its queue deleted, 5 orders, consumer back".into(),
         vec![],
