@@ -200,8 +200,10 @@ impl<T> Idempotent<T> {
             }
         };
         if status.is_server_error() {
-            // Dropping the transaction rolls it back: claim and work alike.
-            drop(tx);
+            // Claim and work alike, before the answer goes out: a twin
+            // blocked on the key row runs afresh at once. (If the database
+            // is gone, dropping the transaction rolls it back the same.)
+            let _ = tx.rollback().await;
             let mut response = json_response(status, bytes);
             if let Some(secs) = retry_after {
                 response
