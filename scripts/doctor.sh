@@ -16,6 +16,7 @@ failed=0
 
 ok() { printf '  ok    %s\n' "$1"; }
 bad() { printf '  FAIL  %s\n        fix: %s\n' "$1" "$2"; failed=1; }
+note() { printf '  note  %s\n' "$1"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
 tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
@@ -66,6 +67,19 @@ else
     fi
   else
     ok "the stack's roles are not created yet (make up creates them)"
+  fi
+  # Every process holds its own pools: make up's four take up to
+  # 4 x (DB_POOL_SIZE + 6 relay + 2 owner); a whole-stack test about 40 more.
+  max=$(psql "$ADMIN_DATABASE_URL" -Atc "SELECT setting::int - current_setting('superuser_reserved_connections')::int FROM pg_settings WHERE name = 'max_connections'" 2>/dev/null)
+  if [ -n "$max" ]; then
+    up=$(( 4 * (${DB_POOL_SIZE:-16} + 8) ))
+    if [ "$max" -lt "$up" ]; then
+      bad "PostgreSQL takes $max connections; make up's pools can hold $up" \
+          "raise max_connections in postgresql.conf (and restart), or set DB_POOL_SIZE lower in .env"
+    elif [ "$max" -lt $(( up + 60 )) ]; then
+      ok "$max connections for make up's $up at most"
+      note "make test beside a running make up needs about 60 more: make down first, or raise max_connections"
+    else ok "$max connections: make up ($up at most) and make test fit side by side"; fi
   fi
   if [ "$(psql "$ADMIN_DATABASE_URL" -Atc 'SHOW ssl' 2>/dev/null)" = on ]; then ok "TLS offered"
   else bad "TLS is off (the TLS tests need it)" "scripts/pg-tls.sh"; fi
