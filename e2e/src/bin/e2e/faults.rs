@@ -591,12 +591,9 @@ async fn wait_for_depth(queue: &str, n: u32) {
             };
             // Every call bounded: over a reset lapin can leave one pending
             // forever, and this wait's deadline is only checked between tries.
-            let depth = match broker::bounded(conn.create_channel()).await {
-                Ok(channel) => broker::bounded(broker::queue_depth(&channel, queue))
-                    .await
-                    .unwrap_or(0),
-                Err(_) => 0,
-            };
+            let depth = broker::inspect_queue(&conn, queue)
+                .await
+                .map_or(0, |(ready, _)| ready);
             let _ = broker::bounded(conn.close(200, "depth".into())).await;
             depth == n
         },

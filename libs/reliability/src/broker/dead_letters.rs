@@ -135,32 +135,24 @@ pub async fn redrive_dead_letters(
 /// channel. Bounded like every broker call.
 pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<(u32, u32)> {
     let channel = bounded(connection.create_channel()).await?;
-    let q = bounded(channel.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        },
-        FieldTable::default(),
-    ))
-    .await?;
-    let _ = channel.close(200, "looked".into()).await;
+    let q = bounded(passive_declare(&channel, queue)).await?;
+    let _ = bounded(channel.close(200, "looked".into())).await;
     Ok((q.message_count(), q.consumer_count()))
 }
 
 /// Messages waiting in `queue` (passive declare: fails if it does not exist).
 pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
-    let q = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(q.message_count())
+    Ok(passive_declare(channel, queue).await?.message_count())
+}
+
+async fn passive_declare(channel: &Channel, queue: &str) -> lapin::Result<lapin::Queue> {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await
 }
 
 fn death_reason(headers: Option<&FieldTable>) -> Option<String> {
