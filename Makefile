@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
+.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ up: ## start the whole stack natively (local PostgreSQL and RabbitMQ); safe to r
 
 down: ## stop exactly what `make up` started
 	scripts/stack.sh down
+
+reset: ## stop the stack and drop its databases and queues (its data is lost); then make up starts afresh
+	scripts/stack.sh reset
 
 logs: ## follow the stack's logs
 	scripts/stack.sh logs
@@ -113,3 +116,6 @@ bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ab
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
 	cargo build --locked -p bench $(SERVICE_PKGS)
 	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke
+
+model: ## the payment state machine's model test over many seeds (MODEL_SEEDS=2000; make test runs 200)
+	MODEL_SEEDS=$(or $(MODEL_SEEDS),2000) cargo nextest run -p payments --locked -E 'test(money_follows_the_order)' --no-capture

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local stack, natively: `up` builds and starts every service against the
 # local PostgreSQL and RabbitMQ, `down` stops exactly what `up` started (by
-# recorded pid), `logs` follows the logs, `status` shows what runs.
+# recorded pid), `logs` follows the logs, `status` shows what runs, `reset`
+# stops the stack and drops its databases and queues (its data is lost).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # make deps writes .env where PostgreSQL asks for passwords.
@@ -61,6 +62,12 @@ wait_ready() { # wait_ready NAME PORT
     if ! alive "$1"; then
       echo "  $1 exited; last lines of $RUN/logs/$1.log:" >&2
       tail -n 20 "$RUN/logs/$1.log" >&2
+      # A migration this database ran has since been edited (a branch that
+      # rewrote an unreleased migration): sqlx refuses to guess, and so do we.
+      if tail -n 20 "$RUN/logs/$1.log" | grep -q 'VersionMismatch'; then
+        echo "  $1's database ran an earlier version of a migration that has since changed." >&2
+        echo "  make reset drops the stack's databases and queues (their data is lost); then make up." >&2
+      fi
       exit 1
     fi
     if ((SECONDS >= deadline)); then
@@ -136,6 +143,28 @@ down() {
   ((any)) || echo "nothing was running"
 }
 
+reset() {
+  down
+  if [[ $PROFILE == release ]]; then cargo build --quiet --release --locked --bin reliability; else cargo build --quiet --locked --bin reliability; fi
+  local db
+  for db in $(databases); do
+    psql "$ADMIN_DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"
+    echo "dropped database $db"
+  done
+  # Queues hold events of the dropped databases: applying them later would
+  # act on orders that no longer exist.
+  # The subscriber queues `up` declares (make up prints them); lanes add
+  # queues of their own, which rabbitmqctl lists where we may run it.
+  local queues="inventory.stock payments.charges orders.saga projection.views"
+  if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then
+    queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E '^(orders|inventory|payments|projection)\.' | grep -v '\.dlq$' || true)
+  fi
+  if [[ -n $queues ]]; then
+    # shellcheck disable=SC2086
+    "$(bin reliability)" queue delete --yes $queues
+  fi
+}
+
 status() {
   for entry in $SERVICES; do
     local name=${entry%%:*}
@@ -153,5 +182,6 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   logs) logs ;;
-  *) echo "usage: $0 up|down|status|logs" >&2; exit 2 ;;
+  reset) reset ;;
+  *) echo "usage: $0 up|down|status|logs|reset" >&2; exit 2 ;;
 esac

@@ -5,6 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use sqlx::PgPool;
 
+/// The provider's money per charge key (`/control/ledger`).
+pub type Ledger = HashMap<String, psp_sim::KeyMoney>;
+
 /// The owner pools of the four service databases.
 #[derive(Clone)]
 pub struct Dbs {
@@ -103,13 +106,9 @@ impl Dbs {
         Ok(open == 0 && undecided == 0)
     }
 
-    /// Checks every invariant for `tenant`'s data. `charges` is the
-    /// provider's count of charges per idempotency key.
-    pub async fn check(
-        &self,
-        tenant: i64,
-        charges: &HashMap<String, u64>,
-    ) -> anyhow::Result<Verdict> {
+    /// Checks every invariant for `tenant`'s data. `ledger` is the
+    /// provider's money per charge key.
+    pub async fn check(&self, tenant: i64, ledger: &Ledger) -> anyhow::Result<Verdict> {
         let mut v = Verdict::default();
         // I6: every accepted order terminal.
         let orders: Vec<(i64, String)> =
@@ -125,9 +124,10 @@ impl Dbs {
                 other => v.violations.push(format!("I6: order {id} is {other}")),
             }
         }
-        // I4: at most one charge per payment; confirmed ⇔ captured; a
-        // payment that failed with money moved (its deadline passed after an
-        // unknown outcome) has it all back.
+        let fate: HashMap<i64, &str> = orders.iter().map(|(id, s)| (*id, s.as_str())).collect();
+        // I4, per order from the provider's own ledger: charged − refunded
+        // is the total less our refunds if the order is confirmed, else 0;
+        // at most one charge per key, no refund beyond its charge.
         let payments: Vec<(i64, i64, String, i64, i64)> = sqlx::query_as(
             "SELECT payment_id, order_id, status, amount_cents,
                     (SELECT coalesce(sum(r.amount_cents), 0)::bigint FROM refunds r
@@ -143,23 +143,29 @@ impl Dbs {
             .map(|p| p.1)
             .collect();
         for (payment_id, order_id, status, amount, refunded) in &payments {
-            let n = charges
-                .get(&format!("pay-{tenant}-{payment_id}"))
-                .copied()
-                .unwrap_or(0);
-            if n > 1 {
+            let key = contracts::provider::charge_key(tenant, *payment_id);
+            let (times, charged, back) = ledger.get(&key).map_or((0, 0, 0), |m| {
+                (m.times_charged, m.charged_cents, m.refunded_cents)
+            });
+            if times > 1 {
                 v.violations.push(format!(
-                    "I4: payment {payment_id} (order {order_id}) charged {n} times"
+                    "I4: payment {payment_id} (order {order_id}) charged {times} times"
                 ));
             }
-            if status == "captured" && n != 1 {
-                v.violations.push(format!(
-                    "I4: payment {payment_id} captured but the provider charged {n} times"
-                ));
+            if back > charged {
+                v.violations
+                    .push(format!("I4: {key}: {back} refunded of {charged} charged"));
             }
-            if status == "failed" && n > 0 && refunded != amount {
+            let order = fate.get(order_id).copied().unwrap_or("missing");
+            let expected = if order == "confirmed" {
+                amount - refunded
+            } else {
+                0
+            };
+            if charged - back != expected {
                 v.violations.push(format!(
-                    "I4: payment {payment_id} failed, yet the provider charged it and {refunded} of {amount} came back"
+                    "I4: order {order_id} is {order} (payment {status}): the provider holds {} under {key} (charged {charged}, refunded {back}), expected {expected}",
+                    charged - back
                 ));
             }
         }

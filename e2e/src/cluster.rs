@@ -122,6 +122,11 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
         ("PSP_URL".into(), layout.url("psp-sim")),
         ("PSP_LEASE_SECS".into(), "2".into()),
         ("PSP_TIMEOUT_MS".into(), "1000".into()),
+        // The simulator's late landings take 2 s: a look-up that finds
+        // nothing is final after 5; reconciliation every 5 s.
+        ("PSP_LOOKUP_GRACE_SECS".into(), "5".into()),
+        ("PSP_RECONCILE_INTERVAL_SECS".into(), "5".into()),
+        ("PSP_RECONCILE_WINDOW_HOURS".into(), "1".into()),
         ("RUST_LOG".into(), "info".into()),
     ];
     for svc in SERVICES {
@@ -188,6 +193,7 @@ pub struct Client {
     pub jwt: JwtKeys,
     orders: String,
     inventory: String,
+    pub payments: String,
     /// Answers 500 and 503 seen by `post`: a dependency outage must be
     /// the one, never the other.
     pub answered_500: std::sync::atomic::AtomicU64,
@@ -203,6 +209,7 @@ impl Client {
             jwt: JwtKeys::from_secret(SECRET.as_bytes()),
             orders: layout.url("orders"),
             inventory: layout.url("inventory"),
+            payments: layout.url("payments"),
             answered_500: Default::default(),
             answered_503: Default::default(),
         })

@@ -19,6 +19,8 @@ pub struct Stack {
     pub payments: ApiClient,
     pub projection: ApiClient,
     pub psp: psp_sim::Simulator,
+    /// Where the simulator listens.
+    pub psp_url: String,
     pub dbs: Dbs,
     pub common: CommonSettings,
     stop: ShutdownToken,
@@ -71,7 +73,7 @@ impl Stack {
         )
         .await?;
         let psp_settings = payments::PspSettings {
-            psp_url,
+            psp_url: psp_url.clone(),
             psp_timeout_ms: 1000,
             psp_lease_secs: 5,
             ..Default::default()
@@ -99,6 +101,7 @@ impl Stack {
             payments: ApiClient::new(p.port(), jwt.clone()),
             projection: ApiClient::new(v.port(), jwt),
             psp,
+            psp_url,
             dbs,
             common,
             stop,
@@ -159,7 +162,18 @@ impl Stack {
                 let (_, order) = self.orders.get(tenant, &path).await;
                 let (_, view) = self.projection.get(tenant, &path).await;
                 let done = |s: &Value| s == "confirmed" || s == "cancelled";
-                done(&order["status"]) && view["status"] == order["status"]
+                // The projection applies each source's events in any order
+                // (ADR 0002): the order's status can arrive before the
+                // inventory or payment event it also shows. Settled is when
+                // the view has heard from every source.
+                let (reservation, payment) = (&view["reservation_status"], &view["payment_status"]);
+                let heard_all = match reservation.as_str() {
+                    Some("committed") => payment == "captured",
+                    Some("released") => payment == "failed",
+                    Some("rejected") => true,
+                    _ => false,
+                };
+                done(&order["status"]) && view["status"] == order["status"] && heard_all
             },
         )
         .await;

@@ -71,6 +71,17 @@ impl Cluster {
 
     /// Starts `name`, with `fail_points` (e.g. `relay.after_confirm=abort`) if given.
     pub fn start(&mut self, name: &str, fail_points: Option<&str>) -> anyhow::Result<()> {
+        self.start_with(name, fail_points, &[])
+    }
+
+    /// Starts `name` with settings of its own on top of the stack's (a
+    /// short deadline, say); `restore` puts it back without them.
+    pub fn start_with(
+        &mut self,
+        name: &str,
+        fail_points: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
         let log = self.log(name)?;
         let p = self.procs.get_mut(name).context("no such process")?;
         let mut cmd = Command::new(&p.bin);
@@ -83,12 +94,13 @@ impl Cluster {
         if let Some(ops) = p.ops {
             cmd.env("OPS_PORT", ops.to_string());
         }
+        cmd.envs(env.iter().copied());
         p.child = Some(
             cmd.spawn()
                 .with_context(|| format!("start {}", p.bin.display()))?,
         );
         p.starts += 1;
-        p.armed = fail_points.is_some_and(|f| !f.is_empty());
+        p.armed = fail_points.is_some_and(|f| !f.is_empty()) || !env.is_empty();
         Ok(())
     }
 

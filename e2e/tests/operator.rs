@@ -85,6 +85,26 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
     assert_eq!(consumers, ["inventory.stock", "projection.views"]);
     assert!(placed.deliveries.iter().all(|d| d.state == "applied"));
 
+    // The provider's record under the payment's key, beside ours.
+    let mut e = e;
+    let charges = explain::ProviderItems {
+        service: "payments",
+        sql: "SELECT payment_id, status FROM payments WHERE tenant_id = $1 AND order_id = $2",
+        path: "charges",
+        key: contracts::provider::charge_key,
+    };
+    explain::provider_view(&estate, &stack.psp_url, &[charges], &mut e)
+        .await
+        .unwrap();
+    assert_eq!(e.provider.len(), 1, "{:?}", e.provider);
+    assert!(e.provider[0].key.starts_with("pay-1-"));
+    assert_eq!(e.provider[0].ours, "captured");
+    let theirs = e.provider[0]
+        .provider
+        .as_ref()
+        .expect("the provider has it");
+    assert_eq!(theirs["status"], "succeeded");
+
     // An event of this order that exhausted its attempts: explain names it
     // and where it is; status lists the DLQ row as a problem.
     let stuck_id: i64 = sqlx::query_scalar(

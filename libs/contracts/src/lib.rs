@@ -105,6 +105,20 @@ pub mod topology {
 }
 
 /// Aggregate types, as written in the outbox.
+/// The payment provider's idempotency keys: one per payment and one per
+/// refund, the same on every try and for good (docs/adr/0011). Payments
+/// sends them; reconciliation, the operator's `explain` and the e2e
+/// checker read the provider's books by them.
+pub mod provider {
+    pub fn charge_key(tenant: i64, payment_id: i64) -> String {
+        format!("pay-{tenant}-{payment_id}")
+    }
+
+    pub fn refund_key(tenant: i64, refund_id: i64) -> String {
+        format!("refund-{tenant}-{refund_id}")
+    }
+}
+
 pub mod aggregate {
     pub const ORDER: &str = "order";
     pub const PRODUCT: &str = "product";

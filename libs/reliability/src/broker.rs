@@ -28,8 +28,19 @@ pub use topology::{
 /// Connects with a name that shows in the management UI.
 pub async fn connect(url: &str, name: &str) -> Result<Connection> {
     let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    bounded(Connection::connect(url, props)).await
+    let mut uri: lapin::uri::AMQPUri = url
+        .parse()
+        .map_err(|e| crate::Error::Config(format!("AMQP_URL: {e}")))?;
+    uri.query.heartbeat.get_or_insert(HEARTBEAT_SECS);
+    bounded(Connection::connect_uri(uri, props)).await
 }
+
+/// The AMQP heartbeat we ask for unless the URL names one (`?heartbeat=N`).
+/// A peer silent for about two intervals is dead to the broker: a consumer
+/// frozen (SIGSTOP, a paused VM) or cut off gives its unacked deliveries
+/// back to its twins within ~30 s, instead of the broker's 60 s default
+/// (docs/adr/0022).
+pub const HEARTBEAT_SECS: u16 = 15;
 
 /// How long any single broker call may take before the connection is
 /// treated as dead. Over a connection reset mid-call, lapin can leave a

@@ -314,25 +314,3 @@ fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {
 fn tenant_of(event: &Envelope) -> Result<TenantId, ApplyError> {
     TenantId::new(event.tenant_id).map_err(|e| HandlerError::Permanent(e.into()).into())
 }
-
-/// The database is unreachable or shedding load: not the message's fault.
-fn is_outage(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            // connection exception, admin shutdown, cannot connect now, too many
-            // connections, serialization failure, deadlock
-            c.starts_with("08")
-                || c.starts_with("57P")
-                || c.starts_with("53")
-                || c == "40001"
-                || c == "40P01"
-        }),
-        _ => false,
-    }
-}

@@ -66,8 +66,53 @@ pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
              END $$",
         )
         .await;
+    let bounded = match result {
+        Ok(_) => bound_abandoned_work(&mut conn).await,
+        Err(e) => Err(e.into()),
+    };
     conn.execute("SELECT pg_advisory_unlock(7310001)").await?;
-    result?;
+    bounded
+}
+
+/// Server-side bounds on work a process abandoned without ending it (I9,
+/// docs/adr/0022), per role, so they hold whatever the client does: a
+/// process frozen inside a transaction (SIGSTOP, a paused VM, a GC-like
+/// stall) keeps its row and advisory locks only until the server ends its
+/// session, and a host that vanished is found by TCP keepalives.
+///
+/// - `commerce_app` (HTTP, consumers, the payments worker) never waits on
+///   the network inside a transaction: idle in one for 15 s is abandoned;
+///   no statement of ours runs 30 s.
+/// - `commerce_relay` holds its claim across the publish and its confirms
+///   (ADR 0001, bounded at 10 s each): 60 s for both.
+/// - `commerce_owner` (migrations, maintenance, the operator's commands):
+///   idle 60 s; no statement bound, a migration may take long.
+/// - every role: keepalive probes after 30 s idle, every 10 s, 3 missed
+///   and the server drops the connection (about 1 minute).
+pub const ROLE_BOUNDS: &[(&str, &str, &str)] = &[
+    (APP_ROLE, "idle_in_transaction_session_timeout", "15s"),
+    (APP_ROLE, "statement_timeout", "30s"),
+    (RELAY_ROLE, "idle_in_transaction_session_timeout", "60s"),
+    (RELAY_ROLE, "statement_timeout", "60s"),
+    (OWNER_ROLE, "idle_in_transaction_session_timeout", "60s"),
+];
+const KEEPALIVES: &[(&str, &str)] = &[
+    ("tcp_keepalives_idle", "30"),
+    ("tcp_keepalives_interval", "10"),
+    ("tcp_keepalives_count", "3"),
+];
+
+async fn bound_abandoned_work(conn: &mut sqlx::PgConnection) -> Result<()> {
+    let keepalives = [OWNER_ROLE, APP_ROLE, RELAY_ROLE]
+        .into_iter()
+        .flat_map(|role| KEEPALIVES.iter().map(move |(k, v)| (role, *k, *v)));
+    for (role, setting, value) in ROLE_BOUNDS.iter().copied().chain(keepalives) {
+        // Role, setting and value are the constants above, never input.
+        conn.execute(sqlx::AssertSqlSafe(format!(
+            "ALTER ROLE {role} SET {setting} = '{value}'"
+        )))
+        .await?;
+    }
     Ok(())
 }
 
@@ -149,4 +194,42 @@ pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgP
 /// sum that would overflow): the input's fault, so a 422, not a 500.
 pub fn is_out_of_range(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("22003"))
+}
+
+/// The database is unreachable, restarting or out of resources: a
+/// dependency down, not the fault of the request or the message. HTTP
+/// answers 503 with `Retry-After`; a consumer waits and retries.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        // A connection cut mid-handshake (e.g. the answer to TLS negotiation
+        // never comes) surfaces as a protocol error.
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 57P01-03: shutdown, crash, cannot
+            // connect now (starting or in recovery); 53: insufficient
+            // resources (disk full, out of memory, too many connections).
+            code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(&*code, "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
+/// Worth trying again at no cost to a message's attempts: the database
+/// unavailable, or a conflict the server settled by ending one side, which
+/// says nothing about the message (I9): a serialization failure (40001), a
+/// deadlock (40P01), a lock wait past `lock_timeout` (55P03), a session
+/// ended for idling (25P03 in a transaction, 57P05 outside one: a frozen
+/// process woken up), or the database being dropped under it (57P04).
+pub fn is_retryable_at_no_cost(e: &sqlx::Error) -> bool {
+    is_unavailable(e)
+        || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|code| {
+            code.starts_with("57P") || matches!(&*code, "40001" | "40P01" | "55P03" | "25P03")
+        }))
 }

@@ -33,6 +33,10 @@ pub enum Error {
     /// The broker answered a publish with something other than an ack.
     #[error("broker refused: {0}")]
     Refused(String),
+    /// A third party a service depends on (the payment provider) did not
+    /// answer usefully: a dependency down, retried like one.
+    #[error("{0}")]
+    Upstream(String),
     /// A listener could not be bound (or its address read).
     #[error("cannot bind {address}: {source}")]
     Bind {
@@ -67,29 +71,22 @@ impl Error {
     /// exhausted), as opposed to a bug or bad data: the caller may retry.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::Database(e) => db_unavailable(e),
-            Self::Broker(_) | Self::BrokerTimeout(_) | Self::ChannelClosed(_) => true,
+            Self::Database(e) => crate::db::is_unavailable(e),
+            Self::Broker(_)
+            | Self::BrokerTimeout(_)
+            | Self::ChannelClosed(_)
+            | Self::Upstream(_) => true,
             _ => false,
         }
     }
-}
 
-fn db_unavailable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        // A connection cut mid-handshake (e.g. the answer to TLS negotiation
-        // never comes) surfaces as a protocol error.
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // 08: connection exception; 57P01-03: shutdown, crash,
-            // cannot connect now (starting or in recovery); 53300: too many
-            // connections.
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
-        }),
-        _ => false,
+    /// Unavailable, or a conflict the database settled by ending one side
+    /// (`db::is_retryable_at_no_cost`): a consumer retries it without
+    /// spending one of the message's attempts.
+    pub fn is_retryable_at_no_cost(&self) -> bool {
+        match self {
+            Self::Database(e) => crate::db::is_retryable_at_no_cost(e),
+            other => other.is_unavailable(),
+        }
     }
 }

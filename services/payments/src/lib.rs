@@ -5,9 +5,11 @@
 //! captured; the worker carries it out once and emits `RefundIssued` (I4).
 
 pub mod charges;
+pub mod cli;
 mod error;
 pub mod http;
 pub mod provider;
+pub mod reconcile;
 pub mod worker;
 
 use std::time::Duration;
@@ -56,6 +58,17 @@ pub struct PspSettings {
     /// whatever it may have charged is refunded by key, in seconds.
     #[arg(long, env = "PSP_DEADLINE_SECS", default_value_t = 900)]
     pub psp_deadline_secs: u64,
+    /// The provider's processing bound, in seconds: a look-up by key that
+    /// finds nothing is final only for requests sent longer ago than this.
+    #[arg(long, env = "PSP_LOOKUP_GRACE_SECS", default_value_t = 120)]
+    pub psp_lookup_grace_secs: u64,
+    /// Reconciliation against the provider's lists: how often, in seconds
+    /// (0: never in this process; `payments reconcile` runs it once).
+    #[arg(long, env = "PSP_RECONCILE_INTERVAL_SECS", default_value_t = 300)]
+    pub psp_reconcile_interval_secs: u64,
+    /// How far back each reconciliation reads the provider's lists, in hours.
+    #[arg(long, env = "PSP_RECONCILE_WINDOW_HOURS", default_value_t = 48)]
+    pub psp_reconcile_window_hours: u64,
 }
 
 impl Default for PspSettings {
@@ -68,29 +81,61 @@ impl Default for PspSettings {
             psp_max_in_flight: 64,
             psp_tenant_in_flight: 16,
             psp_deadline_secs: 900,
+            psp_lookup_grace_secs: 120,
+            psp_reconcile_interval_secs: 300,
+            psp_reconcile_window_hours: 48,
         }
     }
 }
 
 fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliability::Result<()> {
     let (common, psp) = (&settings.common, &settings.service);
+    let timeout = Duration::from_millis(psp.psp_timeout_ms);
+    let config = worker::WorkerConfig {
+        lease: Duration::from_secs(psp.psp_lease_secs),
+        max_in_flight: psp.psp_max_in_flight.max(1),
+        tenant_share: psp.psp_tenant_in_flight.max(1),
+        deadline: Duration::from_secs(psp.psp_deadline_secs),
+        grace: Duration::from_secs(psp.psp_lookup_grace_secs),
+        ..Default::default()
+    };
+    // A call still running when its lease ends would race the next try.
+    if timeout >= config.lease {
+        return Err(reliability::Error::Config(format!(
+            "PSP_TIMEOUT_MS ({} ms) must be below PSP_LEASE_SECS ({} s): a call may not outlive its lease",
+            psp.psp_timeout_ms, psp.psp_lease_secs
+        )));
+    }
     tasks.consume(
         dbs,
         common,
         &contracts::topology::PAYMENTS_CHARGES,
         charges::Charges,
     )?;
-    let client = provider::Psp::new(&psp.psp_url, Duration::from_millis(psp.psp_timeout_ms));
-    let config = worker::WorkerConfig {
-        lease: Duration::from_secs(psp.psp_lease_secs),
-        max_in_flight: psp.psp_max_in_flight.max(1),
-        tenant_share: psp.psp_tenant_in_flight.max(1),
-        deadline: Duration::from_secs(psp.psp_deadline_secs),
-        ..Default::default()
-    };
+    let client = provider::Psp::new(&psp.psp_url, timeout);
     reliability::metrics::describe(worker::METRICS);
-    let worker = worker::Worker::new(dbs.app.clone(), client, config, common.fail_points()?);
+    let worker = worker::Worker::new(
+        dbs.app.clone(),
+        client.clone(),
+        config,
+        common.fail_points()?,
+    );
     let stop = tasks.shutdown();
     tasks.spawn("provider worker", async move { worker.run(stop).await });
+    if psp.psp_reconcile_interval_secs > 0 {
+        let reconciler = reconcile::Reconciler::new(
+            dbs.owner.clone(),
+            client,
+            Duration::from_secs(psp.psp_reconcile_window_hours * 3600),
+        );
+        let (every, stop) = (
+            Duration::from_secs(psp.psp_reconcile_interval_secs),
+            tasks.shutdown(),
+        );
+        tasks.spawn("reconciliation", async move {
+            reconciler.run(every, stop).await;
+            Ok(())
+        });
+    }
     Ok(())
 }

@@ -16,7 +16,7 @@ pub struct Psp {
 }
 
 /// What a provider call came to.
-pub(crate) enum Reply<T> {
+pub enum Reply<T> {
     Done(T),
     /// A 4xx: this request will not succeed as it is.
     Refused(String),
@@ -37,8 +37,49 @@ pub(crate) struct RefundReply {
     pub status: String,
 }
 
+/// A charge as the provider's list shows it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChargeRecord {
+    pub key: String,
+    pub charge_id: String,
+    pub status: String,
+    pub amount_cents: i64,
+    #[serde(default)]
+    pub refunded_cents: i64,
+}
+
+/// A refund as the provider's list shows it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RefundRecord {
+    pub key: String,
+    pub refund_id: String,
+    pub status: String,
+    pub amount_cents: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Page<T> {
+    data: Vec<T>,
+    has_more: bool,
+}
+
 fn succeeded() -> String {
     "succeeded".to_owned()
+}
+
+/// An item of a provider list: its idempotency key is its cursor.
+pub trait HasKey {
+    fn key(&self) -> &str;
+}
+impl HasKey for ChargeRecord {
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+impl HasKey for RefundRecord {
+    fn key(&self) -> &str {
+        &self.key
+    }
 }
 
 /// A charge's status as the saga needs it.
@@ -116,11 +157,7 @@ impl Psp {
     /// What the provider holds under `key` at `path` (`/charges` or
     /// `/refunds`): `Done(None)` when it has nothing under that key, which
     /// is final: no money moved under it.
-    pub(crate) async fn lookup<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        key: &str,
-    ) -> Reply<Option<T>> {
+    pub async fn lookup<T: DeserializeOwned>(&self, path: &str, key: &str) -> Reply<Option<T>> {
         let (step, headers) = call_step("GET", path);
         let sent = self
             .http
@@ -140,6 +177,41 @@ impl Psp {
         };
         end_step(step, &reply);
         reply
+    }
+
+    /// Everything at `path` (`/charges` or `/refunds`) created from `since`
+    /// on, page by page, as real providers' list APIs give it.
+    pub async fn list<T: DeserializeOwned + HasKey>(
+        &self,
+        path: &str,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<T>, String> {
+        let mut all: Vec<T> = Vec::new();
+        loop {
+            let mut query = vec![
+                ("created_gte", since.to_rfc3339()),
+                ("limit", "500".to_owned()),
+            ];
+            if let Some(last) = all.last() {
+                query.push(("starting_after", last.key().to_owned()));
+            }
+            let url = reqwest::Url::parse_with_params(&format!("{}{path}", self.base_url), &query)
+                .map_err(|e| format!("list {path}: {e}"))?;
+            let sent = self.http.get(url).send().await;
+            let page: Page<T> = match Self::sort(sent).await {
+                Reply::Done(page) => page,
+                Reply::Refused(e) | Reply::Retry(e) => {
+                    return Err(format!("the provider's list {path}: {e}"));
+                }
+            };
+            // A page with nothing on it ends the list whatever `has_more`
+            // says: the cursor would not move.
+            if !page.has_more || page.data.is_empty() {
+                all.extend(page.data);
+                return Ok(all);
+            }
+            all.extend(page.data);
+        }
     }
 
     async fn sort<T: DeserializeOwned>(sent: reqwest::Result<reqwest::Response>) -> Reply<T> {

@@ -9,11 +9,16 @@
 //! process or many, share it and each payment has one caller at a time.
 //! No transaction is open while the provider is called.
 //!
-//! The outcome rules (ADR 0011): an attempt with an unknown outcome is
-//! retried with the same key and never followed by "failed" on a later 4xx
-//! alone (the key is looked up instead); a 2xx that is not final is not a
-//! failure; past the deadline the payment fails and whatever may have been
-//! charged is refunded by key; a refund keeps its key for good.
+//! The outcome rules (ADR 0011): the claim that leases a payment or refund
+//! is the durable record that a request may now leave, so an attempt whose
+//! answer was never recorded (a crash, a failed record) is as unknown as a
+//! timeout. An unknown outcome is retried with the same key and never
+//! followed by "failed" on a later 4xx alone: the key is looked up, and a
+//! look-up that finds nothing is final only once the provider's processing
+//! bound (`grace`) has passed since the last request in doubt. A 2xx that
+//! is not final is not a failure; past the deadline (counted from the first
+//! attempt) the payment fails and whatever may have been charged is
+//! refunded by key; a refund keeps its key for good.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,7 +28,7 @@ use reliability::failpoint::FailPoints;
 use reliability::metrics::{Kind, Metric};
 use reliability::service::ShutdownToken;
 use reliability::supervise::Backoff;
-use reliability::{Error, Result, TenantId};
+use reliability::{Error, Result, TenantId, TenantTx};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::task::JoinSet;
@@ -33,8 +38,12 @@ use crate::provider::Psp;
 mod charge;
 mod refund;
 
+/// Fail point: the attempt is claimed; no request has left yet.
+pub const BEFORE_PROVIDER: &str = "payments.before_provider";
 /// Fail point: the provider answered; nothing recorded yet.
 pub const AFTER_PROVIDER: &str = "payments.after_provider";
+/// Fail point: the answer's record transaction fails before it commits.
+pub const BEFORE_RECORD_COMMIT: &str = "payments.before_record_commit";
 
 pub const PSP_CALLS_IN_FLIGHT: &str = "psp_calls_in_flight";
 pub const PSP_CALL_DURATION: &str = "psp_call_duration_seconds";
@@ -53,6 +62,24 @@ pub const METRICS: &[Metric] = &[
         labels: &["call"],
         help: "Provider call latency (call=\"charge\").",
     },
+    Metric {
+        name: crate::reconcile::MISMATCHES,
+        kind: Kind::Counter,
+        labels: &["kind"],
+        help: "Differences reconciliation found between the provider's lists and our payments and refunds.",
+    },
+    Metric {
+        name: crate::reconcile::REPAIRS,
+        kind: Kind::Counter,
+        labels: &["kind"],
+        help: "Of those, the ones reconciliation repaired (a refund by key, a refund marked succeeded).",
+    },
+    Metric {
+        name: crate::reconcile::LAST_SUCCESS,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "When reconciliation last read the provider's lists through.",
+    },
 ];
 
 #[derive(Debug, Clone)]
@@ -66,15 +93,19 @@ pub struct WorkerConfig {
     pub max_in_flight: usize,
     /// Of those, at most this many for one tenant.
     pub tenant_share: usize,
-    /// A payment still undecided this long after it was recorded fails, and
+    /// A payment still undecided this long after its first attempt fails,
+    /// once an attempt made after that has not settled it either, and
     /// anything it may have charged is refunded.
     pub deadline: Duration,
+    /// The provider's processing bound: a look-up by key that finds nothing
+    /// is final only for requests sent longer ago than this.
+    pub grace: Duration,
 }
 
 impl Default for WorkerConfig {
     /// 30 s lease, 1 s poll (NOTIFY wakes it sooner), backoff up to 30 s;
     /// 64 calls in flight (~200 calls/s at 300 ms each), 16 per tenant;
-    /// a 15-minute deadline.
+    /// a 15-minute deadline; a look-up finding nothing is final after 120 s.
     fn default() -> Self {
         Self {
             lease: Duration::from_secs(30),
@@ -83,21 +114,23 @@ impl Default for WorkerConfig {
             max_in_flight: 64,
             tenant_share: 16,
             deadline: Duration::from_secs(15 * 60),
+            grace: Duration::from_secs(120),
         }
     }
 }
 
-/// One claimed piece of work.
+/// One claimed piece of work: a payment or refund, and which attempt at
+/// it this is (the claim numbered it).
 #[derive(Debug, Clone, Copy)]
 enum Work {
-    Charge(TenantId, i64),
-    Refund(TenantId, i64),
+    Charge(TenantId, i64, i32),
+    Refund(TenantId, i64, i32),
 }
 
 impl Work {
     fn tenant(self) -> TenantId {
         match self {
-            Self::Charge(t, _) | Self::Refund(t, _) => t,
+            Self::Charge(t, ..) | Self::Refund(t, ..) => t,
         }
     }
 }
@@ -242,44 +275,72 @@ impl Worker {
     }
 
     /// Leases up to `free` due payments and refunds, round-robin across
-    /// tenants, counting each tenant's calls already in flight.
+    /// tenants, counting each tenant's calls of either kind already in
+    /// flight; rows another worker is claiming are skipped, not waited on.
     async fn claim(&self, free: usize, busy: &HashMap<TenantId, usize>) -> Result<Vec<Work>> {
         if free == 0 {
             return Ok(Vec::new());
         }
         let tenants: Vec<i64> = busy.keys().map(|t| t.get()).collect();
         let counts: Vec<i32> = busy.values().map(|&n| n as i32).collect();
-        let claim = |sql: &'static str, max: usize| {
-            sqlx::query_as::<_, (i64, i64)>(sql)
-                .bind(max as i32)
+        let rows: Vec<(String, i64, i64, i32)> =
+            sqlx::query_as("SELECT * FROM claim_due_work($1, $2, $3, $4, $5)")
+                .bind(free as i32)
                 .bind(self.config.tenant_share as i32)
                 .bind(&tenants)
                 .bind(&counts)
                 .bind(self.config.lease.as_secs_f64())
                 .fetch_all(&self.pool)
-        };
-        let mut work = Vec::new();
-        for (tenant, id) in
-            claim("SELECT * FROM claim_due_payments($1, $2, $3, $4, $5)", free).await?
-        {
-            work.push(Work::Charge(tenant_id(tenant)?, id));
-        }
-        let left = free - work.len();
-        if left > 0 {
-            for (tenant, id) in
-                claim("SELECT * FROM claim_due_refunds($1, $2, $3, $4, $5)", left).await?
-            {
-                work.push(Work::Refund(tenant_id(tenant)?, id));
-            }
-        }
-        Ok(work)
+                .await?;
+        rows.into_iter()
+            .map(|(kind, tenant, id, attempt)| {
+                let tenant = tenant_id(tenant)?;
+                Ok(match kind.as_str() {
+                    "charge" => Work::Charge(tenant, id, attempt),
+                    _ => Work::Refund(tenant, id, attempt),
+                })
+            })
+            .collect()
     }
 
     async fn perform(self, work: Work) -> Result<()> {
         match work {
-            Work::Charge(tenant, id) => self.charge(tenant, id).await,
-            Work::Refund(tenant, id) => self.refund(tenant, id).await,
+            Work::Charge(tenant, id, attempt) => self.charge(tenant, id, attempt).await,
+            Work::Refund(tenant, id, attempt) => self.refund(tenant, id, attempt).await,
         }
+    }
+
+    /// Records an attempt that settled nothing: its answer is in; if its
+    /// own outcome is unknown, its request joins those in doubt; the next
+    /// try comes after a backoff if this attempt still holds the lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn not_settled(
+        &self,
+        tx: &mut TenantTx,
+        table: &'static str,
+        id_column: &'static str,
+        id: i64,
+        attempt: i32,
+        doubt: bool,
+        why: &str,
+    ) -> Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {table} SET answered_attempts = greatest(answered_attempts, $2),
+                    doubt_sent_at = CASE WHEN $3 THEN greatest(doubt_sent_at, sent_at) ELSE doubt_sent_at END,
+                    outcome_unknown = outcome_unknown OR $3, last_error = $4,
+                    next_attempt_at = CASE WHEN attempts = $2 THEN now() + make_interval(secs => $5)
+                                           ELSE next_attempt_at END,
+                    updated_at = now()
+             WHERE {id_column} = $1 AND status = 'pending'"
+        )))
+        .bind(id)
+        .bind(attempt)
+        .bind(doubt)
+        .bind(why)
+        .bind(self.backoff(attempt).as_secs_f64())
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     fn backoff(&self, attempts: i32) -> Duration {

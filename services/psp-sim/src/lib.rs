@@ -8,12 +8,19 @@
 //! - `GET /charges/{key}` and `GET /refunds/{key}` look a request up by its
 //!   idempotency key (404: nothing was done under it), as real providers
 //!   let a merchant find a payment by its reference.
-//! - A refund names the charge by id, or by the key it was made under.
+//! - A refund names the charge by id, or by the key it was made under; it
+//!   never exceeds what is left of the charge, and a charge still pending
+//!   cannot be refunded yet (409).
+//! - A key reused with other parameters is 409, as real providers answer.
+//! - `GET /charges` and `GET /refunds` list by creation time
+//!   (`created_gte`, `created_lt`, `limit`, `starting_after`), as real
+//!   providers' list APIs do: what reconciliation reads.
+//! - A charge can be accepted `pending` and settle later, or land after
+//!   its caller gave up (invisible to look-ups until it does).
 //! - `/control/*` lets tests inject latency, errors before or after the
-//!   charge, 4xx refusals, non-final answers and hangs, and read how many
-//!   charges each key caused and how many calls were in flight at most.
+//!   charge, 4xx refusals, pending charges, late landings and hangs, and
+//!   read each key's money and how many calls were in flight at most.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,10 +33,13 @@ use reliability::service::ShutdownToken;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+mod ledger;
 mod routes;
+pub use ledger::{Charge, KeyMoney, Page, Refund};
+use ledger::{Ledger, PendingCharge};
 use routes::{
-    charge_by_key, control_charge, control_charges, control_faults, control_reset, create_charge,
-    create_refund, refund_by_key,
+    charge_by_key, control_charge, control_charges, control_faults, control_ledger, control_reset,
+    control_settle, create_charge, create_refund, list_charges, list_refunds, refund_by_key,
 };
 
 #[derive(Debug, Clone, clap::Parser)]
@@ -69,55 +79,33 @@ pub struct Faults {
     pub hang_ms: u64,
     /// Answer 422 before charging (a refusal that says nothing about earlier tries).
     pub reject_next: u32,
-    /// Charge, but answer `"status": "pending"` (not final); a repeat of the key
-    /// answers the final status.
+    /// Accept as `"status": "pending"`: the charge settles (succeeds) after
+    /// `settle_ms`, as an asynchronous capture or 3-D Secure does; until
+    /// then a replay or a look-up answers pending, and a refund of it is 409.
     pub pending_next: u32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Charge {
-    pub charge_id: String,
-    pub status: &'static str,
-    pub amount_cents: i64,
-    pub currency: String,
-    pub customer_id: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Refund {
-    pub refund_id: String,
-    pub charge_id: String,
-    pub status: &'static str,
-    pub amount_cents: i64,
-}
-
-#[derive(Default)]
-struct Ledger {
-    charges: HashMap<String, Charge>,
-    refunds: HashMap<String, Refund>,
-    /// How many times a key made money move. Above 1 would be a double charge.
-    times_charged: HashMap<String, u32>,
-    times_refunded: HashMap<String, u32>,
-    faults: Faults,
-    /// Charge and refund calls being served now, and the most at once:
-    /// overall and per key prefix (`pay-<tenant>`: per tenant of ours).
-    in_flight: HashMap<String, u32>,
-    peak_in_flight: HashMap<String, u32>,
-    /// The last `traceparent` each key's charge or refund came with.
-    traceparents: HashMap<String, String>,
+    /// Like `pending_next`, but the charge then fails.
+    pub pending_fail_next: u32,
+    /// How long a pending charge takes to settle (0: 200 ms).
+    pub settle_ms: u64,
+    /// Take the request, answer 504 after `hang_ms`, and land the charge
+    /// `land_after_ms` after the request: a charge that lands after its
+    /// caller gave up. Until it lands, a look-up finds nothing and a replay
+    /// of the key is 409 (in progress).
+    pub land_late_next: u32,
+    pub land_after_ms: u64,
 }
 
 #[derive(Clone, Default)]
 pub struct Simulator(Arc<Mutex<Ledger>>);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 struct ChargeRequest {
     amount_cents: i64,
     currency: String,
     customer_id: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 struct RefundRequest {
     #[serde(default)]
     charge_id: Option<String>,
@@ -131,7 +119,13 @@ enum Fault {
     None,
     FailAfter,
     HangAfter(Duration),
-    Pending,
+    /// Accepted as `pending`; settles later (to `failed` if `true`).
+    Pending(bool),
+    /// Accepted, answered 504 after `hang`, landed after `land`.
+    LandLate {
+        hang: Duration,
+        land: Duration,
+    },
 }
 
 /// Counts one call in flight (overall and under its key's prefix) while alive.
@@ -231,7 +225,18 @@ impl Simulator {
         }
         if f.pending_next > 0 {
             f.pending_next -= 1;
-            return Ok(Fault::Pending);
+            return Ok(Fault::Pending(false));
+        }
+        if f.pending_fail_next > 0 {
+            f.pending_fail_next -= 1;
+            return Ok(Fault::Pending(true));
+        }
+        if f.land_late_next > 0 {
+            f.land_late_next -= 1;
+            return Ok(Fault::LandLate {
+                hang: Duration::from_millis(f.hang_ms.max(1)),
+                land: Duration::from_millis(f.land_after_ms),
+            });
         }
         Ok(Fault::None)
     }
@@ -249,7 +254,7 @@ impl Simulator {
                 tokio::time::sleep(d).await;
                 response
             }
-            Fault::Pending => response,
+            Fault::Pending(_) | Fault::LandLate { .. } => response,
         }
     }
 }
@@ -257,14 +262,16 @@ impl Simulator {
 /// The simulator's routes around `sim` (shared so tests can inspect it).
 pub fn router(sim: Simulator) -> Router {
     Router::new()
-        .route("/charges", post(create_charge))
+        .route("/charges", post(create_charge).get(list_charges))
         .route("/charges/{key}", get(charge_by_key))
-        .route("/refunds", post(create_refund))
+        .route("/refunds", post(create_refund).get(list_refunds))
         .route("/refunds/{key}", get(refund_by_key))
         .route("/control/charges", get(control_charges))
         .route("/control/charges/{key}", get(control_charge))
         .route("/control/faults", post(control_faults))
         .route("/control/reset", post(control_reset))
+        .route("/control/ledger", get(control_ledger))
+        .route("/control/settle", post(control_settle))
         .route(
             "/healthz",
             get(|| async { Json(serde_json::json!({"status": "ok"})) }),
@@ -303,6 +310,11 @@ impl Simulator {
         self.ledger().times_refunded.values().sum()
     }
 
+    /// Calls being served now, overall (`prefix` "") or under one prefix.
+    pub fn in_flight(&self, prefix: &str) -> u32 {
+        self.ledger().in_flight.get(prefix).copied().unwrap_or(0)
+    }
+
     /// The most calls served at once, overall (`prefix` "") or under one
     /// key prefix (`pay-1`: tenant 1's charges).
     pub fn peak_in_flight(&self, prefix: &str) -> u32 {
@@ -315,6 +327,23 @@ impl Simulator {
 
     pub fn set_faults(&self, faults: Faults) {
         self.ledger().faults = faults;
+    }
+
+    /// Every charge's money, by key.
+    pub fn money(&self) -> Vec<KeyMoney> {
+        self.ledger().money()
+    }
+
+    /// Lands every late charge and settles every pending one now, as if
+    /// the provider's processing time had passed.
+    pub fn settle_all(&self) {
+        self.ledger().settle_all();
+    }
+
+    /// Whether any charge is still landing or pending.
+    pub fn busy(&self) -> bool {
+        let l = self.ledger();
+        !l.landing.is_empty() || !l.settling.is_empty()
     }
 }
 

@@ -1,14 +1,19 @@
-//! The provider's HTTP API: charges and refunds by idempotency key, their\n//! lookups, and the control routes tests use to read and steer it.
+//! The provider's HTTP API: charges and refunds by idempotency key, their
+//! look-ups and lists, and the control routes tests use to read and steer it.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use chrono::Utc;
 use reliability::http::ApiError;
 use serde::Serialize;
+use std::time::Duration;
 
+use crate::ledger::{ListQuery, Page};
 use crate::{
-    Charge, ChargeRequest, Fault, Faults, InFlight, Ledger, Refund, RefundRequest, Simulator, key,
+    Charge, ChargeRequest, Fault, Faults, InFlight, Ledger, PendingCharge, Refund, RefundRequest,
+    Simulator, key,
 };
 
 pub(crate) async fn create_charge(
@@ -20,36 +25,61 @@ pub(crate) async fn create_charge(
     sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
-    if let Some(existing) = sim.ledger().charges.get(&key).cloned() {
+    if let Some(existing) = sim.replay_charge(&key, &req)? {
         return Ok((StatusCode::OK, Json(existing)).into_response());
     }
     let fault = sim.draw_fault().await?;
-    let pending = matches!(fault, Fault::Pending);
+    let request = PendingCharge {
+        amount_cents: req.amount_cents,
+        currency: req.currency.clone(),
+        customer_id: req.customer_id.clone(),
+        created_at: Utc::now(),
+    };
+    if let Fault::LandLate { hang, land } = fault {
+        if !sim.start_landing(&key, request) {
+            return sim.answer_replay(&key, &req);
+        }
+        let (landing, key) = (sim.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(land).await;
+            landing.ledger().land(&key);
+        });
+        tokio::time::sleep(hang).await;
+        return Err(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            "injected: still processing",
+        ));
+    }
     let charge = {
         let mut ledger = sim.ledger();
         // Another request with this key may have won while we slept.
-        if let Some(existing) = ledger.charges.get(&key).cloned() {
-            return Ok((StatusCode::OK, Json(existing)).into_response());
+        if ledger.charges.contains_key(&key) || ledger.landing.contains_key(&key) {
+            drop(ledger);
+            return sim.answer_replay(&key, &req);
         }
         let declined = req.customer_id.starts_with("decline");
-        let charge = Charge {
-            charge_id: format!("ch_{}", uuid::Uuid::new_v4().simple()),
-            status: if declined { "declined" } else { "succeeded" },
-            amount_cents: req.amount_cents,
-            currency: req.currency,
-            customer_id: req.customer_id,
+        let status = match (&fault, declined) {
+            (_, true) => "declined",
+            (Fault::Pending(_), false) => "pending",
+            _ => "succeeded",
         };
-        ledger.charges.insert(key.clone(), charge.clone());
-        if !declined {
-            *ledger.times_charged.entry(key).or_default() += 1;
+        let charge = ledger.book(&key, request, status);
+        if let (Fault::Pending(fail), "pending") = (&fault, status) {
+            ledger.settling.insert(key.clone());
+            let settle = Duration::from_millis(match ledger.faults.settle_ms {
+                0 => 200,
+                ms => ms,
+            });
+            let (sim, key, fail) = (sim.clone(), key.clone(), *fail);
+            tokio::spawn(async move {
+                tokio::time::sleep(settle).await;
+                sim.ledger().settle(&key, fail);
+            });
         }
         charge
     };
-    let mut answer = charge;
-    if pending && answer.status == "succeeded" {
-        answer.status = "pending";
-    }
-    Ok(Simulator::after(fault, (StatusCode::CREATED, Json(answer)).into_response()).await)
+    Ok(Simulator::after(fault, (StatusCode::CREATED, Json(charge)).into_response()).await)
 }
 
 pub(crate) async fn create_refund(
@@ -61,8 +91,15 @@ pub(crate) async fn create_refund(
     sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
-    if let Some(existing) = sim.ledger().refunds.get(&key).cloned() {
-        return Ok((StatusCode::OK, Json(existing)).into_response());
+    let params = serde_json::to_value(&req).unwrap_or_default();
+    {
+        let mut ledger = sim.ledger();
+        if ledger.reused("refund", &key, params.clone()) {
+            return Err(reused());
+        }
+        if let Some(existing) = ledger.refunds.get(&key).cloned() {
+            return Ok((StatusCode::OK, Json(existing)).into_response());
+        }
     }
     let fault = sim.draw_fault().await?;
     let refund = {
@@ -71,12 +108,12 @@ pub(crate) async fn create_refund(
             return Ok((StatusCode::OK, Json(existing)).into_response());
         }
         let charge = match (&req.charge_id, &req.charge_key) {
-            (_, Some(by_key)) => ledger.charges.get(by_key),
-            (Some(id), None) => ledger.charges.values().find(|c| &c.charge_id == id),
+            (_, Some(by_key)) => ledger.charges.get_mut(by_key),
+            (Some(id), None) => ledger.charges.values_mut().find(|c| &c.charge_id == id),
             (None, None) => None,
         };
-        let Some(charge) = charge.filter(|c| c.status == "succeeded").cloned() else {
-            // By key, 404 says what the caller needs: nothing was charged under it.
+        let Some(charge) = charge else {
+            // By key, 404 says only that nothing is booked under it yet.
             let status = if req.charge_key.is_some() {
                 StatusCode::NOT_FOUND
             } else {
@@ -85,20 +122,115 @@ pub(crate) async fn create_refund(
             return Err(ApiError::new(
                 status,
                 "unknown_charge",
-                "no succeeded charge with that id or key",
+                "no charge with that id or key",
             ));
         };
+        if charge.status == "pending" {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "charge_pending",
+                "the charge has not settled yet",
+            ));
+        }
+        if charge.status != "succeeded" {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "charge_not_succeeded",
+                "nothing was charged to refund",
+            ));
+        }
+        if req.amount_cents <= 0 || req.amount_cents > charge.amount_cents - charge.refunded_cents {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "amount_exceeds_charge",
+                "the refund exceeds what is left of the charge",
+            ));
+        }
+        charge.refunded_cents += req.amount_cents;
         let refund = Refund {
             refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
-            charge_id: charge.charge_id,
-            status: "succeeded",
+            key: key.clone(),
+            charge_id: charge.charge_id.clone(),
+            charge_key: charge.key.clone(),
+            status: "succeeded".into(),
             amount_cents: req.amount_cents,
+            created_at: Utc::now(),
         };
         ledger.refunds.insert(key.clone(), refund.clone());
         *ledger.times_refunded.entry(key).or_default() += 1;
         refund
     };
     Ok(Simulator::after(fault, (StatusCode::CREATED, Json(refund)).into_response()).await)
+}
+
+fn reused() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "idempotency_key_reused",
+        "this key was used with other parameters",
+    )
+}
+
+fn in_progress() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "request_in_progress",
+        "a request with this key is still being processed",
+    )
+}
+
+impl Simulator {
+    /// Marks `key` as landing unless another request with it won meanwhile.
+    fn start_landing(&self, key: &str, request: PendingCharge) -> bool {
+        let mut ledger = self.ledger();
+        if ledger.charges.contains_key(key) || ledger.landing.contains_key(key) {
+            return false;
+        }
+        ledger.landing.insert(key.to_owned(), request);
+        true
+    }
+
+    fn answer_replay(&self, key: &str, req: &ChargeRequest) -> Result<Response, ApiError> {
+        Ok(match self.replay_charge(key, req)? {
+            Some(existing) => (StatusCode::OK, Json(existing)).into_response(),
+            None => in_progress().into_response(),
+        })
+    }
+
+    /// A replayed key answers what it first did (its current state), a key
+    /// reused with other parameters is 409, and one still landing is 409.
+    fn replay_charge(&self, key: &str, req: &ChargeRequest) -> Result<Option<Charge>, ApiError> {
+        let mut ledger = self.ledger();
+        if ledger.reused("charge", key, serde_json::to_value(req).unwrap_or_default()) {
+            return Err(reused());
+        }
+        if ledger.landing.contains_key(key) {
+            return Err(in_progress());
+        }
+        Ok(ledger.charges.get(key).cloned())
+    }
+}
+
+/// `GET /charges`: charges created in a window, oldest first, by pages.
+pub(crate) async fn list_charges(
+    State(sim): State<Simulator>,
+    Query(q): Query<ListQuery>,
+) -> Json<Page<Charge>> {
+    let ledger = sim.ledger();
+    Json(q.page(ledger.charges.values().cloned(), |c| {
+        (c.created_at, c.key.clone())
+    }))
+}
+
+/// `GET /refunds`: refunds created in a window, oldest first, by pages.
+pub(crate) async fn list_refunds(
+    State(sim): State<Simulator>,
+    Query(q): Query<ListQuery>,
+) -> Json<Page<Refund>> {
+    let ledger = sim.ledger();
+    Json(q.page(ledger.refunds.values().cloned(), |r| {
+        (r.created_at, r.key.clone())
+    }))
 }
 
 /// `GET /charges/{key}`: the charge made under `key`, or 404.
@@ -175,5 +307,16 @@ pub(crate) async fn control_faults(
 
 pub(crate) async fn control_reset(State(sim): State<Simulator>) -> StatusCode {
     *sim.ledger() = Ledger::default();
+    StatusCode::NO_CONTENT
+}
+
+/// Every charge key's money: charged, refunded, times charged.
+pub(crate) async fn control_ledger(State(sim): State<Simulator>) -> Json<Vec<crate::KeyMoney>> {
+    Json(sim.money())
+}
+
+/// Lands and settles everything in progress now.
+pub(crate) async fn control_settle(State(sim): State<Simulator>) -> StatusCode {
+    sim.settle_all();
     StatusCode::NO_CONTENT
 }

@@ -652,10 +652,10 @@ pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
             .fetch_one(&run.dbs.inventory)
             .await?;
     let prefix = format!("pay-{tenant}-");
-    let charged = crate::charges(run)
+    let charged = crate::ledger(run)
         .await?
-        .keys()
-        .filter(|k| k.starts_with(&prefix))
+        .values()
+        .filter(|m| m.key.starts_with(&prefix) && m.charged_cents > 0)
         .count();
     let confirmed = statuses.get("confirmed").copied().unwrap_or(0);
     let mut violations = vec![];

@@ -275,7 +275,7 @@ pub async fn cross_tenant(run: &mut Run, tenant: i64) -> Outcome {
     e.that(captured_before == captured_after && stock_before == stock_after, || {
         format!("I7: tenant {victim} changed by tenant {tenant}: captured {captured_before}→{captured_after}, stock {stock_before:?}→{stock_after:?}")
     });
-    let victim_verdict = run.dbs.check(victim, &crate::charges(run).await?).await?;
+    let victim_verdict = run.dbs.check(victim, &crate::ledger(run).await?).await?;
     e.0.extend(victim_verdict.violations);
     e.0.extend(rls_wall().await?);
     Ok((

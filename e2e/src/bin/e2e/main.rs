@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e::check::{Dbs, Verdict};
+use e2e::check::{Dbs, Ledger, Verdict};
 use e2e::cluster::{self, CONSUMERS, Client, Layout, SECRET};
 use e2e::procs::Cluster;
 use futures_util::FutureExt;
@@ -21,6 +21,8 @@ use serde_json::Value;
 
 const PREFIX: &str = "e2e.";
 const QUIET: Duration = Duration::from_secs(120);
+/// The provider simulator of the run.
+const SIM: &str = "http://127.0.0.1:9099";
 
 struct Run {
     cluster: Cluster,
@@ -44,6 +46,7 @@ struct Row {
 mod alarm;
 mod faults;
 mod hostile;
+mod money;
 mod scale;
 
 /// How long one scenario may run before it counts as stuck.
@@ -56,7 +59,7 @@ type Scenario = (
 );
 
 fn scenarios() -> Vec<Scenario> {
-    vec![
+    let mut all: Vec<Scenario> = vec![
         (
             "baseline: stock, orders, too many units, unknown sku",
             |r, t| Box::pin(baseline(r, t)),
@@ -174,7 +177,9 @@ fn scenarios() -> Vec<Scenario> {
             "subscriber queues deleted while their consumers are down",
             |r, t| Box::pin(scale::deleted_queues(r, t)),
         ),
-    ]
+    ];
+    all.extend(money::scenarios());
+    all
 }
 
 #[tokio::main]
@@ -368,7 +373,7 @@ async fn settle(run: &Run, tenant: i64) -> anyhow::Result<Verdict> {
         // A database or broker still coming back is "not yet", not a verdict.
         let attempt = async {
             let quiet = run.dbs.quiet(tenant).await?;
-            let mut verdict = run.dbs.check(tenant, &charges(run).await?).await?;
+            let mut verdict = run.dbs.check(tenant, &ledger(run).await?).await?;
             dead_letters(run, &mut verdict).await?;
             anyhow::Ok((quiet, verdict))
         };
@@ -437,23 +442,30 @@ async fn quiesce(run: &Run, tenant: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn charges(run: &Run) -> anyhow::Result<HashMap<String, u64>> {
-    let body: Value = run
+/// The provider's money per charge key, as it reports it.
+async fn ledger(run: &Run) -> anyhow::Result<Ledger> {
+    let all: Vec<psp_sim::KeyMoney> = run
         .client
         .http
-        .get("http://127.0.0.1:9099/control/charges")
+        .get(format!("{SIM}/control/ledger"))
         .send()
         .await?
+        .error_for_status()?
         .json()
         .await?;
-    Ok(body["charges"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| Some((c["key"].as_str()?.to_owned(), c["times_charged"].as_u64()?)))
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(all.into_iter().map(|m| (m.key.clone(), m)).collect())
+}
+
+/// Sets the simulator's faults for the next calls (`{}`: none).
+async fn sim_faults(run: &Run, faults: Value) -> anyhow::Result<()> {
+    run.client
+        .http
+        .post(format!("{SIM}/control/faults"))
+        .json(&faults)
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(())
 }
 
 async fn baseline(run: &mut Run, tenant: i64) -> Outcome {

@@ -10,7 +10,7 @@ use reliability::broker;
 use reliability::testing::{amqp_url, wait_until};
 use serde_json::json;
 
-use crate::{Outcome, PREFIX, Run, charges, orders_of, quiesce};
+use crate::{Outcome, PREFIX, Run, ledger, orders_of, quiesce};
 
 /// Extra replicas the replica scenario starts beside the base stack.
 pub const REPLICAS: [(&str, &str, &str); 9] = [
@@ -106,7 +106,7 @@ fn p50(sorted: &[f64]) -> f64 {
 
 /// The invariants of tenants other than the scenario's own.
 async fn check_also(run: &Run, tenants: &[i64]) -> anyhow::Result<Vec<String>> {
-    let charges = charges(run).await?;
+    let charges = ledger(run).await?;
     let mut violations = Vec::new();
     for &t in tenants {
         quiesce(run, t).await?;
@@ -340,7 +340,7 @@ pub async fn deleted_queues(run: &mut Run, tenant: i64) -> Outcome {
     {
         // Deleting a queue deletes what it holds: the operator of this story
         // deletes it once everything delivered so far has been applied.
-        let charges = charges(run).await?;
+        let charges = ledger(run).await?;
         let dbs = &run.dbs;
         wait_until(
             Duration::from_secs(60),

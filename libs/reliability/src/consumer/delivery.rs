@@ -18,9 +18,7 @@ use crate::supervise::supervise;
 use crate::trace::{Kind, Span, TraceContext};
 use crate::{Error, Result};
 
-use super::{
-    ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, is_outage,
-};
+use super::{ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome};
 
 impl<H: Handler> Consumer<H> {
     /// Consumes until `shutdown`, reconnecting after broker or database
@@ -261,11 +259,11 @@ impl<H: Handler> Consumer<H> {
             };
             let wait = match &failure {
                 e if e.is_permanent() => None,
-                HandlerError::Database(e) if is_outage(e) => {
+                HandlerError::Database(e) if crate::db::is_retryable_at_no_cost(e) => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)
                 }
-                HandlerError::Reliability(e) if e.is_unavailable() => {
+                HandlerError::Reliability(e) if e.is_retryable_at_no_cost() => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)
                 }

@@ -25,6 +25,21 @@ pub struct Explanation {
     /// The first event a subscriber has not applied, and why; `None` when
     /// every event reached every subscriber.
     pub stuck: Option<String>,
+    /// The payment provider's record of each payment and refund beside
+    /// ours (`provider_view`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub provider: Vec<ProviderView>,
+}
+
+/// One provider key: our status, and what the provider holds under it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderView {
+    pub key: String,
+    pub ours: String,
+    /// The provider's record, or `null`: nothing under this key.
+    pub provider: Option<Value>,
+    /// Why the provider could not be asked.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -159,7 +174,63 @@ pub async fn explain(
         rows,
         events,
         stuck,
+        provider: Vec::new(),
     })
+}
+
+/// Where a key's requests to a third party are, and how to name them
+/// there: `sql` gives `(id, status)` rows of `service`'s database for
+/// `tenant_id = $1` and the explained id `$2`; each is asked for at
+/// `{base}/{path}/{key(tenant, id)}` (404: nothing under that key).
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderItems<'a> {
+    pub service: &'a str,
+    pub sql: &'a str,
+    pub path: &'a str,
+    pub key: fn(i64, i64) -> String,
+}
+
+/// Adds the third party's record of each of `items`, looked up by key at
+/// `base_url`, beside our status.
+pub async fn provider_view(
+    estate: &Estate,
+    base_url: &str,
+    items: &[ProviderItems<'_>],
+    e: &mut Explanation,
+) -> Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map_err(|err| crate::Error::Config(format!("an HTTP client: {err}")))?;
+    let base = base_url.trim_end_matches('/');
+    for item in items {
+        let Some(pool) = estate.database(item.service) else {
+            continue;
+        };
+        // The query is the caller's constant, never input.
+        let ours: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(item.sql))
+            .bind(e.tenant_id)
+            .bind(e.id)
+            .fetch_all(pool)
+            .await?;
+        for (id, status) in ours {
+            let key = (item.key)(e.tenant_id, id);
+            let (provider, error) =
+                match http.get(format!("{base}/{}/{key}", item.path)).send().await {
+                    Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => (None, None),
+                    Ok(r) if r.status().is_success() => (r.json::<Value>().await.ok(), None),
+                    Ok(r) => (None, Some(format!("the provider answered {}", r.status()))),
+                    Err(err) => (None, Some(format!("the provider is unreachable: {err}"))),
+                };
+            e.provider.push(ProviderView {
+                key,
+                ours: status,
+                provider,
+                error,
+            });
+        }
+    }
+    Ok(())
 }
 
 async fn delivery(

@@ -5,6 +5,7 @@
 mod auth;
 mod cli;
 mod consumer;
+mod frozen;
 mod idempotency;
 mod maintenance;
 mod relay;

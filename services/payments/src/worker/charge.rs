@@ -7,7 +7,7 @@ use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
-use super::{AFTER_PROVIDER, Worker};
+use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
 use crate::provider::{ChargeReply, ChargeState, Reply};
 
 #[derive(sqlx::FromRow)]
@@ -16,29 +16,48 @@ struct Payment {
     customer_id: String,
     amount_cents: i64,
     currency: String,
-    attempts: i32,
+    /// An earlier request under the key may have moved money.
     outcome_unknown: bool,
     expired: bool,
     traceparent: Option<String>,
 }
 
-/// What the record step does with a charge.
+/// What one attempt learned.
 enum Charge {
+    /// The provider's record under our key: money moved.
     Captured(String),
-    Failed(String),
+    /// The provider's record under our key: declined, nothing moved.
+    Declined(String),
+    /// This request was refused, and no earlier one is in doubt.
+    Refused(String),
+    /// This request was refused and the provider has nothing under the key:
+    /// final once the last request in doubt is older than the grace window.
+    NotFound(String),
+    /// This request's own outcome is unknown (timeout, reset, 5xx, pending).
     Unknown(String),
+    /// This request is answered, but an earlier one is still in doubt.
+    InDoubt(String),
 }
+
 impl Worker {
     #[tracing::instrument(skip(self), fields(tenant_id = %tenant))]
-    pub(super) async fn charge(&self, tenant: TenantId, payment_id: i64) -> Result<()> {
+    pub(super) async fn charge(
+        &self,
+        tenant: TenantId,
+        payment_id: i64,
+        attempt: i32,
+    ) -> Result<()> {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+        // Past the deadline only once an attempt made after it has not
+        // settled the payment: a worker outage alone fails nothing.
         let leased: Option<Payment> = sqlx::query_as(
-            "SELECT order_id, customer_id, amount_cents, currency, attempts, outcome_unknown, traceparent,
-                    created_at + make_interval(secs => $2) < now() AS expired
-             FROM payments WHERE payment_id = $1 AND status = 'pending'",
+            "SELECT order_id, customer_id, amount_cents, currency, outcome_unknown, traceparent,
+                    coalesce(prev_sent_at >= first_attempt_at + make_interval(secs => $2), false) AS expired
+             FROM payments WHERE payment_id = $1 AND status = 'pending' AND attempts = $3",
         )
         .bind(payment_id)
         .bind(self.config.deadline.as_secs_f64())
+        .bind(attempt)
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -51,77 +70,111 @@ impl Worker {
             parent,
         );
         step.set("tenant.id", tenant.get());
-        step.set("payment.attempt", i64::from(p.attempts) + 1);
+        step.set("payment.attempt", i64::from(attempt));
         match p.expired {
-            true => step.run(self.expire(tenant, payment_id, p)).await,
-            false => step.run(self.charge_leased(tenant, payment_id, p)).await,
+            true => step.run(self.expire(tenant, payment_id, attempt, p)).await,
+            false => {
+                step.run(self.charge_leased(tenant, payment_id, attempt, p))
+                    .await
+            }
         }
     }
 
-    async fn charge_leased(&self, tenant: TenantId, payment_id: i64, p: Payment) -> Result<()> {
+    async fn charge_leased(
+        &self,
+        tenant: TenantId,
+        payment_id: i64,
+        attempt: i32,
+        p: Payment,
+    ) -> Result<()> {
         let key = charge_key(tenant, payment_id);
         let body = json!({"amount_cents": p.amount_cents, "currency": p.currency, "customer_id": p.customer_id});
+        self.fail_points.check(BEFORE_PROVIDER)?;
         let started = std::time::Instant::now();
         let reply: Reply<ChargeReply> = self.psp.post("/charges", &key, body).await;
         metrics::histogram!(super::PSP_CALL_DURATION, "call" => "charge")
             .record(started.elapsed().as_secs_f64());
         self.fail_points.check(AFTER_PROVIDER)?;
         let outcome = match reply {
-            Reply::Done(c) => settled(c),
+            Reply::Done(c) => settled(c, Charge::Unknown),
             Reply::Retry(e) => Charge::Unknown(e),
-            Reply::Refused(e) if !p.outcome_unknown => Charge::Failed(e),
+            Reply::Refused(e) if !p.outcome_unknown => Charge::Refused(e),
             // An earlier try may have charged: only the provider's record
             // under our key can tell "failed" from "charged".
             Reply::Refused(e) => match self.psp.lookup::<ChargeReply>("/charges", &key).await {
-                Reply::Done(Some(c)) => settled(c),
-                Reply::Done(None) => Charge::Failed(e),
+                Reply::Done(Some(c)) => settled(c, Charge::InDoubt),
+                Reply::Done(None) => Charge::NotFound(e),
                 Reply::Refused(l) | Reply::Retry(l) => {
-                    Charge::Unknown(format!("{e}; look-up by key: {l}"))
+                    Charge::InDoubt(format!("{e}; look-up by key: {l}"))
                 }
             },
         };
-        self.record_charge(tenant, payment_id, p, outcome).await
+        self.record_charge(tenant, payment_id, attempt, p, outcome)
+            .await
     }
 
     async fn record_charge(
         &self,
         tenant: TenantId,
         payment_id: i64,
+        attempt: i32,
         p: Payment,
         outcome: Charge,
     ) -> Result<()> {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
-        let (status, charge_id, reason) = match &outcome {
-            Charge::Captured(id) => ("captured", Some(id.as_str()), None),
-            Charge::Failed(reason) => ("failed", None, Some(reason.as_str())),
-            Charge::Unknown(e) => {
-                tracing::warn!(payment_id, attempts = p.attempts, error = %e, "charge not settled; will retry with the same key");
-                sqlx::query(
-                    "UPDATE payments SET next_attempt_at = now() + make_interval(secs => $2), last_error = $3,
-                            outcome_unknown = true, updated_at = now()
-                     WHERE payment_id = $1 AND status = 'pending'",
-                )
-                .bind(payment_id)
-                .bind(self.backoff(p.attempts).as_secs_f64())
-                .bind(e)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                return Ok(());
-            }
+        // The provider's own record decides whoever holds the lease; our
+        // refusal or "nothing found" only while we hold it and no request
+        // of ours can still land (a later claim may have sent another).
+        let (status, charge_id, reason, guard) = match &outcome {
+            Charge::Captured(id) => ("captured", Some(id.as_str()), None, "true"),
+            Charge::Declined(why) => ("failed", None, Some(why.as_str()), "true"),
+            Charge::Refused(why) => (
+                "failed",
+                None,
+                Some(why.as_str()),
+                "attempts = $5 AND NOT outcome_unknown",
+            ),
+            Charge::NotFound(why) => (
+                "failed",
+                None,
+                Some(why.as_str()),
+                "attempts = $5 AND (doubt_sent_at IS NULL OR doubt_sent_at < now() - make_interval(secs => $6))",
+            ),
+            Charge::Unknown(_) | Charge::InDoubt(_) => ("pending", None, None, "false"),
         };
-        let moved = sqlx::query(
-            "UPDATE payments SET status = $2, provider_charge_id = $3, failure_reason = $4, updated_at = now()
-             WHERE payment_id = $1 AND status = 'pending'",
-        )
+        let moved = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE payments SET status = $2, provider_charge_id = $3, failure_reason = $4,
+                    answered_attempts = greatest(answered_attempts, $5), updated_at = now()
+             WHERE payment_id = $1 AND status = 'pending' AND ({guard})"
+        )))
         .bind(payment_id)
         .bind(status)
         .bind(charge_id)
         .bind(reason)
+        .bind(attempt)
+        .bind(self.config.grace.as_secs_f64())
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        if moved == 1 {
+        if moved == 0 {
+            let (doubt, why) = match outcome {
+                Charge::Unknown(why) => (true, why),
+                Charge::InDoubt(why) | Charge::Refused(why) | Charge::NotFound(why) => (false, why),
+                // Someone else recorded the provider's answer first.
+                Charge::Captured(_) | Charge::Declined(_) => return Ok(tx.commit().await?),
+            };
+            tracing::warn!(payment_id, attempt, error = %why, "charge not settled; will ask again under the same key");
+            self.not_settled(
+                &mut tx,
+                "payments",
+                "payment_id",
+                payment_id,
+                attempt,
+                doubt,
+                &why,
+            )
+            .await?;
+        } else {
             let order_id = p.order_id;
             let event = match outcome {
                 Charge::Captured(_) => NewEvent::of(
@@ -134,7 +187,11 @@ impl Worker {
                         currency: p.currency,
                     },
                 )?,
-                Charge::Failed(reason) | Charge::Unknown(reason) => NewEvent::of(
+                Charge::Declined(reason)
+                | Charge::Refused(reason)
+                | Charge::NotFound(reason)
+                | Charge::Unknown(reason)
+                | Charge::InDoubt(reason) => NewEvent::of(
                     aggregate::PAYMENT,
                     payment_id,
                     &contracts::PaymentFailed {
@@ -147,6 +204,7 @@ impl Worker {
             outbox::enqueue(&mut tx, &event).await?;
             tracing::info!(payment_id, order_id, status, "payment settled");
         }
+        self.fail_points.check(BEFORE_RECORD_COMMIT)?;
         tx.commit().await?;
         Ok(())
     }
@@ -154,19 +212,27 @@ impl Worker {
     /// Past the deadline: the payment fails (the order is cancelled), and if
     /// an earlier try may have charged, a refund of the whole amount by the
     /// charge's key is queued (it finds nothing to refund if nothing moved).
-    async fn expire(&self, tenant: TenantId, payment_id: i64, p: Payment) -> Result<()> {
+    async fn expire(
+        &self,
+        tenant: TenantId,
+        payment_id: i64,
+        attempt: i32,
+        p: Payment,
+    ) -> Result<()> {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
-        let moved = sqlx::query(
+        let refund_by_key: Option<bool> = sqlx::query_scalar(
             "UPDATE payments SET status = 'failed', failure_reason = 'deadline_exceeded',
-                    refunded_cents = CASE WHEN outcome_unknown THEN amount_cents ELSE 0 END, updated_at = now()
-             WHERE payment_id = $1 AND status = 'pending'",
+                    refunded_cents = CASE WHEN outcome_unknown THEN amount_cents ELSE 0 END,
+                    answered_attempts = greatest(answered_attempts, $2), updated_at = now()
+             WHERE payment_id = $1 AND status = 'pending' AND attempts = $2
+             RETURNING outcome_unknown",
         )
         .bind(payment_id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if moved == 1 {
-            if p.outcome_unknown {
+        .bind(attempt)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(refund_by_key) = refund_by_key {
+            if refund_by_key {
                 sqlx::query(
                     "INSERT INTO refunds (tenant_id, payment_id, amount_cents, charge_key, traceparent)
                      VALUES ($1, $2, $3, $4, $5)",
@@ -192,24 +258,26 @@ impl Worker {
             tracing::warn!(
                 payment_id,
                 order_id = p.order_id,
-                refund_by_key = p.outcome_unknown,
+                refund_by_key,
                 "payment ran out of time"
             );
         }
+        self.fail_points.check(BEFORE_RECORD_COMMIT)?;
         tx.commit().await?;
         Ok(())
     }
 }
 
-fn settled(c: ChargeReply) -> Charge {
+/// The provider's record of a charge: final, or not yet (`open`).
+fn settled(c: ChargeReply, open: fn(String) -> Charge) -> Charge {
     match c.state() {
         ChargeState::Captured(id) => Charge::Captured(id),
-        ChargeState::Failed(reason) => Charge::Failed(reason),
-        ChargeState::Open(status) => Charge::Unknown(status),
+        ChargeState::Failed(reason) => Charge::Declined(reason),
+        ChargeState::Open(status) => open(status),
     }
 }
 
 /// The provider's idempotency key of a payment: the same on every try.
-fn charge_key(tenant: TenantId, payment_id: i64) -> String {
-    format!("pay-{tenant}-{payment_id}")
+pub(crate) fn charge_key(tenant: TenantId, payment_id: i64) -> String {
+    contracts::provider::charge_key(tenant.get(), payment_id)
 }

@@ -1,4 +1,6 @@
-//! Refunding one leased refund with its own key, for good (docs/adr/0011).
+//! Refunding one leased refund with its own key, for good (docs/adr/0011):
+//! the same rules as a charge, and a refund by the charge's key that finds
+//! no charge waits out the charge's own requests in doubt.
 
 use contracts::aggregate;
 use reliability::outbox::{self, NewEvent};
@@ -6,8 +8,8 @@ use reliability::trace::{Kind, Span, TraceContext};
 use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
-use super::{AFTER_PROVIDER, Worker};
-use crate::provider::{RefundReply, Reply};
+use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
+use crate::provider::{ChargeReply, ChargeState, RefundReply, Reply};
 
 #[derive(sqlx::FromRow)]
 struct Refund {
@@ -16,22 +18,43 @@ struct Refund {
     amount_cents: i64,
     provider_charge_id: Option<String>,
     charge_key: Option<String>,
-    attempts: i32,
     outcome_unknown: bool,
     traceparent: Option<String>,
 }
 
+/// What one attempt learned.
+enum Outcome {
+    Succeeded(String),
+    /// Nothing was or will be refunded under our key; `by_key_not_found`:
+    /// the charge's key had nothing either, final only once the charge's
+    /// own requests in doubt are older than the grace window.
+    Failed {
+        why: String,
+        by_key_not_found: bool,
+    },
+    /// This request's outcome is unknown.
+    Unknown(String),
+    /// Answered, but not settled: ask again later.
+    InDoubt(String),
+}
+
 impl Worker {
     #[tracing::instrument(skip(self), fields(tenant_id = %tenant))]
-    pub(super) async fn refund(&self, tenant: TenantId, refund_id: i64) -> Result<()> {
+    pub(super) async fn refund(
+        &self,
+        tenant: TenantId,
+        refund_id: i64,
+        attempt: i32,
+    ) -> Result<()> {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
         let leased: Option<Refund> = sqlx::query_as(
             "SELECT r.payment_id, p.order_id, r.amount_cents, p.provider_charge_id, r.charge_key,
-                    r.attempts, r.outcome_unknown, r.traceparent
+                    r.outcome_unknown, r.traceparent
              FROM refunds r JOIN payments p ON p.payment_id = r.payment_id
-             WHERE r.refund_id = $1 AND r.status = 'pending'",
+             WHERE r.refund_id = $1 AND r.status = 'pending' AND r.attempts = $2",
         )
         .bind(refund_id)
+        .bind(attempt)
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -44,40 +67,98 @@ impl Worker {
             parent,
         );
         step.set("tenant.id", tenant.get());
-        step.run(self.refund_leased(tenant, refund_id, r)).await
+        step.run(self.refund_leased(tenant, refund_id, attempt, r))
+            .await
     }
 
-    async fn refund_leased(&self, tenant: TenantId, refund_id: i64, r: Refund) -> Result<()> {
+    async fn refund_leased(
+        &self,
+        tenant: TenantId,
+        refund_id: i64,
+        attempt: i32,
+        r: Refund,
+    ) -> Result<()> {
         // The same key on every try, for good: a refund whose outcome was
         // unknown is never issued again under another key.
-        let key = format!("refund-{tenant}-{refund_id}");
+        let key = contracts::provider::refund_key(tenant.get(), refund_id);
         let body = match &r.charge_key {
             Some(charge_key) => json!({"charge_key": charge_key, "amount_cents": r.amount_cents}),
             None => json!({"charge_id": r.provider_charge_id, "amount_cents": r.amount_cents}),
         };
-        let mut reply: Reply<RefundReply> = self.psp.post("/refunds", &key, body).await;
-        if let Reply::Refused(e) = &reply
-            && r.outcome_unknown
-        {
-            reply = match self.psp.lookup::<RefundReply>("/refunds", &key).await {
-                Reply::Done(Some(done)) => Reply::Done(done),
-                Reply::Done(None) => Reply::Refused(e.clone()),
-                Reply::Refused(l) | Reply::Retry(l) => {
-                    Reply::Retry(format!("{e}; look-up by key: {l}"))
-                }
-            };
-        }
+        self.fail_points.check(BEFORE_PROVIDER)?;
+        let reply: Reply<RefundReply> = self.psp.post("/refunds", &key, body).await;
+        let outcome = match reply {
+            Reply::Done(done) if done.status == "succeeded" => Outcome::Succeeded(done.refund_id),
+            Reply::Done(RefundReply { status, .. }) | Reply::Retry(status) => {
+                Outcome::Unknown(status)
+            }
+            Reply::Refused(e) => self.refused(&key, e, &r).await,
+        };
         self.fail_points.check(AFTER_PROVIDER)?;
+        self.record_refund(tenant, refund_id, attempt, r, outcome)
+            .await
+    }
 
+    /// A 4xx to this request: what the provider holds under our key, and
+    /// under the charge's key, decides.
+    async fn refused(&self, key: &str, e: String, r: &Refund) -> Outcome {
+        if r.outcome_unknown {
+            match self.psp.lookup::<RefundReply>("/refunds", key).await {
+                Reply::Done(Some(done)) if done.status == "succeeded" => {
+                    return Outcome::Succeeded(done.refund_id);
+                }
+                Reply::Done(Some(RefundReply { status, .. })) => return Outcome::InDoubt(status),
+                Reply::Done(None) => {}
+                Reply::Refused(l) | Reply::Retry(l) => {
+                    return Outcome::InDoubt(format!("{e}; look-up by key: {l}"));
+                }
+            }
+        }
+        let Some(charge_key) = &r.charge_key else {
+            return Outcome::Failed {
+                why: e,
+                by_key_not_found: false,
+            };
+        };
+        // A refund by the charge's key: a charge still pending, or one that
+        // lands late, is refunded once it is there.
+        match self.psp.lookup::<ChargeReply>("/charges", charge_key).await {
+            Reply::Done(Some(c)) => match c.state() {
+                ChargeState::Failed(status) => Outcome::Failed {
+                    why: format!("{e}; the charge is {status}"),
+                    by_key_not_found: false,
+                },
+                ChargeState::Captured(_) | ChargeState::Open(_) => Outcome::InDoubt(e),
+            },
+            Reply::Done(None) => Outcome::Failed {
+                why: format!("{e}; nothing charged under {charge_key}"),
+                by_key_not_found: true,
+            },
+            Reply::Refused(l) | Reply::Retry(l) => {
+                Outcome::InDoubt(format!("{e}; charge look-up by key: {l}"))
+            }
+        }
+    }
+
+    async fn record_refund(
+        &self,
+        tenant: TenantId,
+        refund_id: i64,
+        attempt: i32,
+        r: Refund,
+        outcome: Outcome,
+    ) -> Result<()> {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
-        match reply {
-            Reply::Done(done) if done.status == "succeeded" => {
+        let unsettled = match outcome {
+            Outcome::Succeeded(provider_refund_id) => {
                 let moved = sqlx::query(
-                    "UPDATE refunds SET status = 'succeeded', provider_refund_id = $2, updated_at = now()
+                    "UPDATE refunds SET status = 'succeeded', provider_refund_id = $2,
+                            answered_attempts = greatest(answered_attempts, $3), updated_at = now()
                      WHERE refund_id = $1 AND status = 'pending'",
                 )
                 .bind(refund_id)
-                .bind(&done.refund_id)
+                .bind(&provider_refund_id)
+                .bind(attempt)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -94,35 +175,55 @@ impl Worker {
                     )
                     .await?;
                 }
+                None
             }
-            Reply::Refused(e) => {
-                // Final, and nothing moved under our key: give the amount
-                // back so it can be refunded another way.
-                sqlx::query(
+            // Final, and nothing moved under our key: give the amount back
+            // so it can be refunded another way. Only while we hold the
+            // lease and no request under either key can still land.
+            Outcome::Failed {
+                why,
+                by_key_not_found,
+            } => {
+                let failed = sqlx::query(
                     "WITH failed AS (
-                        UPDATE refunds SET status = 'failed', last_error = $2, updated_at = now()
-                        WHERE refund_id = $1 AND status = 'pending' RETURNING payment_id, amount_cents)
+                        UPDATE refunds r SET status = 'failed', last_error = $2,
+                               answered_attempts = greatest(answered_attempts, $3), updated_at = now()
+                        WHERE r.refund_id = $1 AND r.status = 'pending' AND r.attempts = $3
+                          AND (r.doubt_sent_at IS NULL OR r.doubt_sent_at < now() - make_interval(secs => $5))
+                          AND NOT ($4 AND EXISTS (
+                              SELECT 1 FROM payments p WHERE p.payment_id = r.payment_id
+                              AND p.doubt_sent_at >= now() - make_interval(secs => $5)))
+                        RETURNING payment_id, amount_cents)
                      UPDATE payments p SET refunded_cents = p.refunded_cents - failed.amount_cents
                      FROM failed WHERE p.payment_id = failed.payment_id",
                 )
                 .bind(refund_id)
-                .bind(&e)
+                .bind(&why)
+                .bind(attempt)
+                .bind(by_key_not_found)
+                .bind(self.config.grace.as_secs_f64())
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+                (failed == 0).then_some((false, why))
             }
-            Reply::Done(RefundReply { status, .. }) | Reply::Retry(status) => {
-                sqlx::query(
-                    "UPDATE refunds SET next_attempt_at = now() + make_interval(secs => $2), last_error = $3,
-                            outcome_unknown = true, updated_at = now()
-                     WHERE refund_id = $1 AND status = 'pending'",
-                )
-                .bind(refund_id)
-                .bind(self.backoff(r.attempts).as_secs_f64())
-                .bind(&status)
-                .execute(&mut *tx)
-                .await?;
-            }
+            Outcome::Unknown(why) => Some((true, why)),
+            Outcome::InDoubt(why) => Some((false, why)),
+        };
+        if let Some((doubt, why)) = unsettled {
+            tracing::warn!(refund_id, attempt, error = %why, "refund not settled; will ask again under the same key");
+            self.not_settled(
+                &mut tx,
+                "refunds",
+                "refund_id",
+                refund_id,
+                attempt,
+                doubt,
+                &why,
+            )
+            .await?;
         }
+        self.fail_points.check(BEFORE_RECORD_COMMIT)?;
         tx.commit().await?;
         Ok(())
     }

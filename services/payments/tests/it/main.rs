@@ -3,7 +3,9 @@
 
 mod appliers;
 mod flow;
+mod model;
 mod outcomes;
+mod reconcile;
 mod throughput;
 
 use std::time::Duration;

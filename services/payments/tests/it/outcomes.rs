@@ -43,14 +43,28 @@ async fn a_refusal_after_an_unknown_outcome_looks_the_key_up_instead_of_failing(
         "the look-up found the charge"
     );
 
-    // Order 2: a 503 before any charge, then refused: the look-up finds
-    // nothing under the key, so failing it is safe.
+    // Order 2: a 503 before any charge, then refused, and the look-up
+    // finds nothing under the key. Inside the provider's processing bound
+    // that proves nothing (the first request may still land): pending.
     app.reserve(1, 2, "c-1", 100).await;
     app.psp.set_faults(Faults {
         fail_next: 1,
         ..Faults::default()
     });
     worker.process_due().await.unwrap();
+    app.psp.set_faults(Faults {
+        reject_next: 1,
+        ..Faults::default()
+    });
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    assert_eq!(app.payment(2).await.1, "pending", "inside the grace window");
+    // Past it, nothing found under the key is final: failing it is safe.
+    let past_grace = WorkerConfig {
+        grace: Duration::ZERO,
+        ..WorkerConfig::default()
+    };
+    let worker = app.worker_with(past_grace, Duration::from_millis(300), FailPoints::none());
     app.psp.set_faults(Faults {
         reject_next: 1,
         ..Faults::default()
@@ -75,6 +89,7 @@ async fn a_pending_answer_is_not_a_failure() {
     worker.process_due().await.unwrap();
     assert_eq!(app.payment(3).await.1, "pending");
     assert!(unknown(&app, 3).await, "not final: asked again later");
+    app.psp.settle_all(); // the provider's processing time passes
     app.expire_leases().await;
     worker.process_due().await.unwrap();
     assert_eq!(app.payment(3).await.1, "captured");
@@ -86,7 +101,8 @@ async fn a_pending_answer_is_not_a_failure() {
 async fn past_the_deadline_a_payment_fails_and_what_it_may_have_charged_is_refunded_by_key() {
     let app = TestApp::spawn().await;
     // Order 4 was charged but we never learned it; order 5 was never charged
-    // (a 503) yet is just as unknown to us; order 6 was never tried.
+    // (a 503) yet is just as unknown to us; order 6 was never tried before
+    // its deadline.
     let first = app.worker(FailPoints::none());
     app.reserve(1, 4, "c-1", 400).await;
     app.psp.set_faults(Faults {
@@ -109,15 +125,22 @@ async fn past_the_deadline_a_payment_fails_and_what_it_may_have_charged_is_refun
 
     let late = WorkerConfig {
         deadline: Duration::ZERO,
+        grace: Duration::ZERO,
         ..WorkerConfig::default()
     };
     let worker = app.worker_with(late, Duration::from_millis(300), FailPoints::none());
+    app.expire_leases().await;
+    worker.process_due().await.unwrap();
+    // Order 6 had no try before its deadline: it gets one (a 503) before
+    // it may fail, so an outage of ours alone fails nothing.
+    assert_eq!(app.payment(6).await.1, "pending");
     app.expire_leases().await;
     worker.process_due().await.unwrap();
     for order in [4, 5, 6] {
         assert_eq!(app.payment(order).await.1, "failed", "order {order}");
     }
     app.psp.set_faults(Faults::default());
+    app.expire_leases().await;
     worker.process_due().await.unwrap(); // the refunds by key
     assert_eq!(app.psp.total_charges(), 1);
     assert_eq!(app.psp.total_refunds(), 1, "order 4's charge came back");
@@ -176,4 +199,25 @@ async fn a_refund_with_an_unknown_outcome_keeps_its_key_and_is_issued_once() {
         "the amount stays refunded, not given back"
     );
     app.stop().await;
+}
+
+#[tokio::test]
+async fn a_provider_timeout_that_outlives_the_lease_is_refused_at_startup() {
+    let db = reliability::testing::TestDb::with_migrations(&payments::MIGRATIONS).await;
+    let settings = payments::Settings {
+        role: reliability::service::Role::Consume,
+        service: payments::PspSettings {
+            psp_timeout_ms: 30_000,
+            psp_lease_secs: 30,
+            ..Default::default()
+        },
+        ..payments::Settings::local(reliability::service::CommonSettings::local())
+    };
+    let stop = reliability::service::ShutdownToken::new();
+    let refused = reliability::service::start(&payments::SERVICE, settings, db.databases(), stop)
+        .await
+        .err()
+        .expect("a timeout of 30 s with a 30 s lease is refused");
+    assert!(refused.to_string().contains("PSP_TIMEOUT_MS"), "{refused}");
+    db.cleanup().await;
 }

@@ -123,3 +123,51 @@ async fn a_hung_call_holds_only_its_own_slot() {
     assert_eq!(app.psp.total_charges(), 13);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_skips_a_payment_another_worker_holds_instead_of_waiting_for_it() {
+    let app = TestApp::spawn().await;
+    app.reserve(1, 1, "c-1", 100).await;
+    app.reserve(1, 2, "c-1", 100).await;
+    // Another worker is in the middle of claiming order 1 (its row locked).
+    let mut other = app.db.owner.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM payments WHERE order_id = 1 FOR UPDATE")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let worker = app.worker(FailPoints::none());
+    let took = tokio::time::timeout(Duration::from_secs(5), worker.process_due())
+        .await
+        .expect("the claim waited on a row another worker holds")
+        .unwrap();
+    assert_eq!(took, 1, "only the free payment");
+    assert_eq!(app.payment(2).await.1, "captured");
+    assert_eq!(app.payment(1).await.1, "pending");
+    other.rollback().await.unwrap();
+    worker.process_due().await.unwrap();
+    assert_eq!(app.payment(1).await.1, "captured");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenants_share_covers_its_payments_and_refunds_together() {
+    let app = TestApp::spawn().await;
+    let share_of_two = app.worker_with(config(64, 2), Duration::from_secs(5), FailPoints::none());
+    for order in 1..=4 {
+        app.reserve(1, order, "c-1", 100).await;
+    }
+    assert_eq!(share_of_two.process_due().await.unwrap(), 2);
+    // Two captured payments get a refund each; two payments still wait.
+    for (order, key) in [(1, "r-1"), (2, "r-2")] {
+        let (payment_id, status, _) = app.payment(order).await;
+        assert_eq!(status, "captured");
+        let body = serde_json::json!({"payment_id": payment_id, "amount_cents": 10}).to_string();
+        assert_eq!(app.api.post(1, "/refunds", key, &body).await.0, 201);
+    }
+    assert_eq!(
+        share_of_two.process_due().await.unwrap(),
+        2,
+        "two calls for the tenant in all, not two of each kind"
+    );
+    app.stop().await;
+}

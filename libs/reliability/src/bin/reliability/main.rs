@@ -192,6 +192,10 @@ enum Explain {
         /// The tenant that owns it.
         #[arg(long)]
         tenant: i64,
+        /// The payment provider, asked for its record of each payment and
+        /// refund by key.
+        #[arg(long, env = "PSP_URL", default_value = "http://127.0.0.1:8090")]
+        psp_url: String,
         #[command(flatten)]
         estate: Estate,
     },
@@ -203,6 +207,25 @@ const ORDER_TABLES: &[(&str, &str)] = &[
     ("inventory", "reservations"),
     ("payments", "payments"),
     ("projection", "order_views"),
+];
+
+/// An order's requests to the payment provider: each payment by its charge
+/// key, each refund by its own (docs/adr/0011).
+const ORDER_PROVIDER_ITEMS: &[ops::explain::ProviderItems<'static>] = &[
+    ops::explain::ProviderItems {
+        service: "payments",
+        sql: "SELECT payment_id, status FROM payments WHERE tenant_id = $1 AND order_id = $2",
+        path: "charges",
+        key: contracts::provider::charge_key,
+    },
+    ops::explain::ProviderItems {
+        service: "payments",
+        sql: "SELECT r.refund_id, r.status FROM refunds r JOIN payments p
+              ON p.tenant_id = r.tenant_id AND p.payment_id = r.payment_id
+              WHERE p.tenant_id = $1 AND p.order_id = $2",
+        path: "refunds",
+        key: contracts::provider::refund_key,
+    },
 ];
 
 #[tokio::main(flavor = "current_thread")]
@@ -272,10 +295,16 @@ async fn main() -> anyhow::Result<()> {
             render::status(json, &ops::status::status(&estate).await)?;
         }
         Command::Explain {
-            what: Explain::Order { id, tenant, estate },
+            what:
+                Explain::Order {
+                    id,
+                    tenant,
+                    psp_url,
+                    estate,
+                },
         } => {
             let estate = estate.open().await?;
-            let explanation = ops::explain::explain(
+            let mut explanation = ops::explain::explain(
                 &estate,
                 TenantId::new(tenant)?,
                 "order_id",
@@ -283,6 +312,8 @@ async fn main() -> anyhow::Result<()> {
                 ORDER_TABLES,
             )
             .await?;
+            ops::explain::provider_view(&estate, &psp_url, ORDER_PROVIDER_ITEMS, &mut explanation)
+                .await?;
             render::explanation(json, &explanation)?;
         }
         Command::Outbox { db, command } => outbox::outbox(&db.pool().await?, command, json).await?,

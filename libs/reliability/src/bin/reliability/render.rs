@@ -132,6 +132,28 @@ pub fn explanation(json: bool, e: &Explanation) -> anyhow::Result<()> {
         let status = r.row.get("status").map_or_else(String::new, plain);
         println!("  {:<11} {:<14} {status}", r.service, r.table);
     }
+    if !e.provider.is_empty() {
+        println!("provider (by key)");
+    }
+    for p in &e.provider {
+        let theirs = match (&p.provider, &p.error) {
+            (_, Some(err)) => err.clone(),
+            (None, None) => "nothing under this key".to_owned(),
+            (Some(rec), None) => {
+                let field = |f: &str| rec.get(f).map_or_else(String::new, plain);
+                match rec.get("refunded_cents") {
+                    Some(back) => format!(
+                        "{} {} cents, {} refunded",
+                        field("status"),
+                        field("amount_cents"),
+                        plain(back)
+                    ),
+                    None => format!("{} {} cents", field("status"), field("amount_cents")),
+                }
+            }
+        };
+        println!("  {:<34} ours {:<10} provider {theirs}", p.key, p.ours);
+    }
     println!("events");
     for ev in &e.events {
         println!(

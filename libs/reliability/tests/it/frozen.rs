@@ -1,0 +1,151 @@
+//! A process frozen in the middle of its work (SIGSTOP, a paused VM, a
+//! GC-like stall) holds the others up only for a bound we chose (I9,
+//! docs/adr/0022): the server ends a transaction left idle, and the broker
+//! a connection left silent.
+
+use std::time::{Duration, Instant};
+
+use reliability::db::ROLE_BOUNDS;
+use reliability::testing::{TestDb, amqp_url};
+
+/// The runtime role's idle-in-transaction bound, as `ROLE_BOUNDS` sets it.
+fn app_idle_bound() -> Duration {
+    let (_, _, value) = ROLE_BOUNDS
+        .iter()
+        .find(|(role, setting, _)| {
+            *role == reliability::db::APP_ROLE && *setting == "idle_in_transaction_session_timeout"
+        })
+        .expect("the runtime role has an idle bound");
+    Duration::from_secs(value.trim_end_matches('s').parse().expect("seconds"))
+}
+
+#[tokio::test]
+async fn a_transaction_a_frozen_replica_left_open_gives_its_locks_back_within_the_bound() {
+    let db = TestDb::new().await;
+    // The frozen replica: it took the aggregate's lock and a row lock in
+    // its transaction, then stopped running.
+    let mut frozen = db.app.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(4242)")
+        .execute(&mut *frozen)
+        .await
+        .unwrap();
+    // Its twin wants the same aggregate.
+    let bound = app_idle_bound();
+    let started = Instant::now();
+    let mut twin = db.app.begin().await.unwrap();
+    tokio::time::timeout(
+        bound + Duration::from_secs(15),
+        sqlx::query("SELECT pg_advisory_xact_lock(4242)").execute(&mut *twin),
+    )
+    .await
+    .expect("the twin waited past the bound: the frozen transaction kept its lock")
+    .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited + Duration::from_secs(1) >= bound,
+        "the twin got the lock after {waited:?}, before the bound: was it ever held?"
+    );
+    twin.commit().await.unwrap();
+    // When the frozen process wakes, its transaction is gone, not resumed.
+    let woke = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query("SELECT 1").execute(&mut *frozen),
+    )
+    .await
+    .expect("a woken connection answers at once");
+    assert!(woke.is_err(), "the server ended the abandoned session");
+    drop(frozen);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_runtime_role_carries_the_bounds_on_abandoned_work() {
+    let db = TestDb::new().await;
+    for role in [reliability::db::APP_ROLE, reliability::db::RELAY_ROLE] {
+        let settings: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(s.setconfig) FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+             WHERE r.rolname = $1 AND s.setdatabase = 0",
+        )
+        .bind(role)
+        .fetch_all(&db.admin)
+        .await
+        .unwrap();
+        for wanted in [
+            "idle_in_transaction_session_timeout",
+            "statement_timeout",
+            "tcp_keepalives_idle",
+        ] {
+            assert!(
+                settings
+                    .iter()
+                    .any(|s| s.starts_with(&format!("{wanted}="))),
+                "{role} has no {wanted}: {settings:?}"
+            );
+        }
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_broker_agrees_to_our_heartbeat() {
+    let conn = reliability::broker::connect(&amqp_url(), "reltest-heartbeat")
+        .await
+        .unwrap();
+    assert_eq!(
+        conn.configuration().heartbeat(),
+        reliability::broker::HEARTBEAT_SECS,
+        "negotiated with the broker: a silent peer is dead within ~2 intervals"
+    );
+    let _ = conn.close(200, "done".into()).await;
+}
+
+#[tokio::test]
+async fn one_classifier_tells_a_dependency_down_from_a_settled_conflict_from_bad_data() {
+    use reliability::db::{is_retryable_at_no_cost, is_unavailable};
+    use sqlx::Connection as _;
+
+    let db = TestDb::new().await;
+    // A lock wait the server ended (55P03): retried at no cost, not a
+    // dependency down.
+    let mut holder = db.app.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(77)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut waiter = db.app.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '50ms'")
+        .execute(&mut *waiter)
+        .await
+        .unwrap();
+    let gave_up = sqlx::query("SELECT pg_advisory_xact_lock(77)")
+        .execute(&mut *waiter)
+        .await
+        .unwrap_err();
+    assert!(
+        is_retryable_at_no_cost(&gave_up) && !is_unavailable(&gave_up),
+        "{gave_up}"
+    );
+    drop(waiter);
+    holder.rollback().await.unwrap();
+    // Bad data is the message's fault: it costs an attempt.
+    let bad = sqlx::query("SELECT 'x'::int")
+        .execute(&db.app)
+        .await
+        .unwrap_err();
+    assert!(
+        !is_retryable_at_no_cost(&bad) && !is_unavailable(&bad),
+        "{bad}"
+    );
+    // Nobody listening: the database is down.
+    let options = sqlx::postgres::PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(1);
+    let down = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        is_unavailable(&down) && is_retryable_at_no_cost(&down),
+        "{down}"
+    );
+    db.cleanup().await;
+}
