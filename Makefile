@@ -101,8 +101,7 @@ openapi: ## write each service's OpenAPI document (target/openapi/) and the even
 	$${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi
 	python3 scripts/check_asyncapi.py target/asyncapi
 
-e2e: ## crash, restart and retry scenarios against the stack as real processes (~3.5 min on 2 cores after the build; restarts the local PostgreSQL and RabbitMQ)
-	@echo "make e2e restarts the local PostgreSQL and RabbitMQ during its run (and puts them back): do not run it beside make test or make bench"
+e2e: ## crash, restart, freeze and node-loss scenarios against the stack as real processes, in a world of its own (its own PostgreSQL and 3-node RabbitMQ on ports 25401-25469; E2E_WORLD_PORT moves them); leaves the local servers alone
 	cargo build --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
 

@@ -89,6 +89,26 @@ echo "RabbitMQ ($AMQP_HOST:$AMQP_PORT)"
 if tcp_open "$AMQP_HOST" "$AMQP_PORT"; then ok "accepting connections"
 else bad "RabbitMQ is not listening on $AMQP_HOST:$AMQP_PORT" "rabbitmq-server -detached   (or: make deps)"; fi
 
+# make e2e makes servers of its own from the installed packages (ADR 0023).
+echo "make e2e's own servers"
+initdb=$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)
+if [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/initdb" ]; then ok "initdb in PG_BINDIR"
+elif [ -n "$initdb" ] || has initdb; then ok "initdb and pg_ctl (${initdb:-$(command -v initdb)})"
+else note "no initdb: make e2e cannot make its PostgreSQL (Debian: apt-get install postgresql, or set PG_BINDIR)"; fi
+if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || has rabbitmq-server || [ -n "${RABBITMQ_BINDIR:-}" ]; then
+  if has epmd; then ok "rabbitmq-server and epmd"
+  else note "no epmd on the PATH: make e2e cannot make its broker cluster (it comes with Erlang)"; fi
+else note "no rabbitmq-server: make e2e cannot make its broker cluster (Debian: apt-get install rabbitmq-server)"; fi
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  note "as root, make e2e runs PostgreSQL as the postgres user, which does not exist here"
+fi
+base=${E2E_WORLD_PORT:-25400}
+for port in $((base + 1)) $((base + 2)) $((base + 3)) $((base + 32)) $((base + 69)); do
+  if tcp_open 127.0.0.1 "$port"; then
+    note "port $port is in use: make e2e needs it (a run still going, or set E2E_WORLD_PORT)"
+  fi
+done
+
 echo "ports of make up"
 for port in 8081 8082 8083 8084 8090; do
   if tcp_open 127.0.0.1 "$port"; then

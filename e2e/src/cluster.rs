@@ -293,9 +293,19 @@ impl Client {
     /// `n` orders of one unit of `SKU-{tenant}` each, 16 at a time; about
     /// one in ten declined by the provider.
     pub async fn orders(&self, tenant: i64, n: usize) -> anyhow::Result<Vec<i64>> {
+        self.orders_from(tenant, 0, n).await
+    }
+
+    /// Orders `first..first + n` of the tenant (their keys), 16 at a time.
+    pub async fn orders_from(
+        &self,
+        tenant: i64,
+        first: usize,
+        n: usize,
+    ) -> anyhow::Result<Vec<i64>> {
         use futures_util::StreamExt;
         let sku = format!("SKU-{tenant}");
-        let all: Vec<_> = futures_util::stream::iter((0..n).map(|i| {
+        let all: Vec<_> = futures_util::stream::iter((first..first + n).map(|i| {
             let customer = if i % 10 == 9 {
                 format!("decline-{i}")
             } else {
@@ -309,5 +319,23 @@ impl Client {
         .collect()
         .await;
         all.into_iter().collect()
+    }
+
+    /// Orders in rounds of 20 until `done` is set, then one round more: load
+    /// that lasts as long as a fault takes, however fast it is. Returns how
+    /// many were placed.
+    pub async fn orders_until(
+        &self,
+        tenant: i64,
+        done: &std::sync::atomic::AtomicBool,
+    ) -> anyhow::Result<usize> {
+        let mut placed = 0;
+        loop {
+            let last = done.load(std::sync::atomic::Ordering::Acquire);
+            placed += self.orders_from(tenant, placed, 20).await?.len();
+            if last {
+                return Ok(placed);
+            }
+        }
     }
 }

@@ -6,6 +6,8 @@
 pub mod check;
 pub mod cluster;
 pub mod procs;
+pub mod untouched;
+pub mod world;
 
 use std::time::Duration;
 

@@ -204,6 +204,36 @@ impl Cluster {
             .collect()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`…) to `name`, if it runs.
+    pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .procs
+            .get(name)
+            .and_then(|p| p.child.as_ref())
+            .map(Child::id)
+            .with_context(|| format!("{name} is not running"))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} {name}: {status}");
+        Ok(())
+    }
+
+    /// Whether `name` is stopped (SIGSTOP, or a `freeze` fail point).
+    pub fn frozen(&self, name: &str) -> bool {
+        self.procs
+            .get(name)
+            .and_then(|p| p.child.as_ref())
+            .and_then(|c| std::fs::read_to_string(format!("/proc/{}/stat", c.id())).ok())
+            // The state follows the command in parentheses: `pid (comm) T …`.
+            .and_then(|stat| {
+                stat.rsplit_once(") ")
+                    .map(|(_, rest)| rest.starts_with('T'))
+            })
+            .unwrap_or(false)
+    }
+
     pub fn stop_all(&mut self) {
         let names: Vec<String> = self.procs.keys().cloned().collect();
         for name in names {

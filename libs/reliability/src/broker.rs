@@ -4,6 +4,7 @@
 //! consumer a durable quorum queue with an explicit delivery limit whose
 //! dead letters go, through `<exchange>.dlx`, to its own `<queue>.dlq`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -26,13 +27,51 @@ pub use topology::{
 };
 
 /// Connects with a name that shows in the management UI.
+///
+/// `url` may name every node of a cluster, comma-separated
+/// (`amqp://a:5672/%2f,amqp://b:5672/%2f`): each is tried in turn until one
+/// answers, starting from a different node on each call, so that replicas
+/// spread over the cluster and a reconnect after a node dies finds a live
+/// one within one pass (docs/adr/0023). Quorum queues are reachable from any
+/// node; no node is special to us.
 pub async fn connect(url: &str, name: &str) -> Result<Connection> {
-    let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
-    let mut uri: lapin::uri::AMQPUri = url
-        .parse()
-        .map_err(|e| crate::Error::Config(format!("AMQP_URL: {e}")))?;
-    uri.query.heartbeat.get_or_insert(HEARTBEAT_SECS);
-    bounded(Connection::connect_uri(uri, props)).await
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let nodes: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error::Config("AMQP_URL: empty".into()));
+    }
+    let first = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut last = None;
+    for i in 0..nodes.len() {
+        let node = nodes[(first + i) % nodes.len()];
+        let props = ConnectionProperties::default().with_connection_name(LongString::from(name));
+        let mut uri: lapin::uri::AMQPUri = node
+            .parse()
+            .map_err(|e| Error::Config(format!("AMQP_URL: {e}")))?;
+        uri.query.heartbeat.get_or_insert(HEARTBEAT_SECS);
+        match bounded(Connection::connect_uri(uri, props)).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => {
+                if nodes.len() > 1 {
+                    tracing::warn!(node = %redact(node), error = %e, "broker node did not answer; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("at least one node was tried"))
+}
+
+/// A node's URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://…{}", &url[..scheme], &url[at..]),
+        _ => url.to_owned(),
+    }
 }
 
 /// The AMQP heartbeat we ask for unless the URL names one (`?heartbeat=N`).

@@ -8,7 +8,10 @@
 //!
 //! - `error`: the component returns [`crate::Error::FailPoint`] and stops as a
 //!   crashed process would (its transaction rolls back, deliveries stay unacked);
-//! - `abort`: the process aborts on the spot, like `kill -9`.
+//! - `abort`: the process aborts on the spot, like `kill -9`;
+//! - `freeze`: the process stops itself (SIGSTOP) on the spot, as a paused
+//!   VM or a long stall would: its transaction, locks, connections and
+//!   unacked deliveries stay held until something sends it SIGCONT.
 //!
 //! A point fires once unless written `name=error*` / `name=abort*` (every time).
 
@@ -35,6 +38,7 @@ pub const CONSUMER_AFTER_COMMIT: &str = "consumer.after_commit";
 pub enum Action {
     Error,
     Abort,
+    Freeze,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +69,7 @@ impl FailPoints {
             let action = match action {
                 "error" => Action::Error,
                 "abort" => Action::Abort,
+                "freeze" => Action::Freeze,
                 other => {
                     return Err(Error::Config(format!(
                         "unknown fail point action `{other}`"
@@ -114,6 +119,18 @@ impl FailPoints {
                 tracing::warn!(fail_point = name, "fail point fired: aborting the process");
                 std::process::abort()
             }
+            Some(Action::Freeze) => {
+                tracing::warn!(
+                    fail_point = name,
+                    "fail point fired: freezing the process (SIGSTOP)"
+                );
+                // kill(1), not libc: the crate forbids unsafe code. Returns
+                // once thawed; the process then goes on as a stalled one would.
+                let _ = std::process::Command::new("kill")
+                    .args(["-STOP", &std::process::id().to_string()])
+                    .status();
+                Ok(())
+            }
         }
     }
 }
@@ -130,6 +147,11 @@ mod tests {
         assert!(fp.check("b").is_err());
         assert!(fp.check("b").is_err());
         assert!(fp.check("c").is_ok());
+    }
+
+    #[test]
+    fn freeze_is_an_action() {
+        assert!(FailPoints::parse("consumer.before_commit=freeze").is_ok());
     }
 
     #[test]

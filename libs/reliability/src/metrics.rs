@@ -99,7 +99,7 @@ pub const CATALOGUE: &[Metric] = &[
     m(BUILD_INFO, Gauge, &["service", "role", "version"], "Always 1; the labels say what runs."),
     m(OUTBOX_PUBLISHED, Counter, &["source"], "Outbox rows published and confirmed by the broker."),
     m(OUTBOX_PUBLISH_FAILURES, Counter, &["source", "event_type"], "Outbox publishes that failed (the row is retried with backoff)."),
-    m(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes whose confirm did not arrive in time (the row is published again)."),
+    m(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes not confirmed: no confirm in time, or nacked by a queue that could not take them (the row is published again, no attempt spent)."),
     m(OUTBOX_LAG, Gauge, &["source"], "Age of the oldest unpublished outbox row."),
     m(OUTBOX_PENDING, Gauge, &["source"], "Outbox rows not yet published."),
     m(OUTBOX_DLQ_DEPTH, Gauge, &["source"], "Rows in outbox_messages_dlq (attempts exhausted)."),

@@ -25,6 +25,7 @@ use crate::{Error, Result};
 
 mod dlq;
 mod publish;
+mod record;
 mod run;
 
 pub use dlq::{
@@ -99,12 +100,15 @@ impl RelayConfig {
 pub struct BatchReport {
     pub claimed: usize,
     pub published: usize,
-    /// Refused by the broker (returned or nacked): an attempt each.
+    /// Refused by the broker (returned: no queue for it): an attempt each.
     pub failed: usize,
     pub dead_lettered: usize,
     /// Not confirmed in time, or the connection went: left pending with no
     /// attempt counted (the broker blocked or went away, docs/adr/0013).
     pub unconfirmed: usize,
+    /// Nacked (a queue without its quorum, say): due again after one
+    /// backoff step, no attempt counted (docs/adr/0023).
+    pub deferred: usize,
 }
 
 impl BatchReport {
@@ -114,6 +118,7 @@ impl BatchReport {
         self.failed += other.failed;
         self.dead_lettered += other.dead_lettered;
         self.unconfirmed += other.unconfirmed;
+        self.deferred += other.deferred;
     }
 }
 

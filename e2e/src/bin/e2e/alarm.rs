@@ -2,40 +2,34 @@
 //! timeouts under load, then cleared. Nothing may reach a DLQ, be lost, or
 //! be applied twice; and no outbox row may be charged an attempt for it.
 
-use std::process::Command;
 use std::time::Duration;
+
+use e2e::world::World;
 
 use crate::{Outcome, Run, quiesce};
 
 /// Puts the watermark back however the scenario ends.
-struct Watermark(String);
+struct Watermark(&'static World, String);
 
 impl Drop for Watermark {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
-            .args(["set_vm_memory_high_watermark", &self.0])
-            .output();
+        let (world, before) = (self.0, self.1.clone());
+        tokio::spawn(async move {
+            world
+                .ctl(0, &["set_vm_memory_high_watermark", &before])
+                .await
+        });
     }
 }
 
-async fn rabbitmqctl(args: &[&str]) -> anyhow::Result<String> {
-    let mut cmd = Command::new("rabbitmqctl");
-    cmd.args(args);
-    let out = tokio::task::spawn_blocking(move || cmd.output()).await??;
-    anyhow::ensure!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
 pub async fn memory_alarm(run: &mut Run, tenant: i64) -> Outcome {
-    let Ok(before) =
-        rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]).await
-    else {
-        return Ok(("skipped: rabbitmqctl not usable here".into(), vec![]));
-    };
+    let world = run.world;
+    let before = world
+        .ctl(
+            0,
+            &["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."],
+        )
+        .await?;
     let before = if before.parse::<f64>().is_ok() {
         before
     } else {
@@ -44,8 +38,11 @@ pub async fn memory_alarm(run: &mut Run, tenant: i64) -> Outcome {
     run.client
         .stock(tenant, &format!("SKU-{tenant}"), 1000)
         .await?;
-    let _restore = Watermark(before.clone());
-    rabbitmqctl(&["set_vm_memory_high_watermark", "0.0001"]).await?;
+    let _restore = Watermark(world, before.clone());
+    // One node's alarm blocks publishers on every node of the cluster.
+    world
+        .ctl(0, &["set_vm_memory_high_watermark", "0.0001"])
+        .await?;
     // Held for four of e2e's 2 s confirm timeouts while orders keep coming.
     let client = &run.client;
     let (placed, held) = tokio::join!(client.orders(tenant, 100), async {
@@ -56,7 +53,9 @@ pub async fn memory_alarm(run: &mut Run, tenant: i64) -> Outcome {
         .bind(tenant)
         .fetch_one(&run.dbs.orders)
         .await?;
-        rabbitmqctl(&["set_vm_memory_high_watermark", &before]).await?;
+        world
+            .ctl(0, &["set_vm_memory_high_watermark", &before])
+            .await?;
         anyhow::Ok(pending)
     });
     let waiting = held?;

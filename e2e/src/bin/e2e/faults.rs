@@ -1,6 +1,6 @@
 //! Fault scenarios: several relays, a late commit, an unroutable event,
-//! provider faults, broker and PostgreSQL restarts, reordered delivery,
-//! poison and its re-drive, a stock race.
+//! provider faults, reordered delivery, poison and its re-drive, a stock
+//! race. Whole servers going away are in `servers.rs`.
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
@@ -14,7 +14,37 @@ use reliability::{TenantId, TenantTx, db};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 
-use crate::{Outcome, PREFIX, Run, bin, orders_of, quiesce};
+use crate::{Outcome, PREFIX, Run, Scenario, bin, quiesce};
+
+/// This module's rows of the table.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        (
+            "three orders relays and two inventory relays at once",
+            |r, t| Box::pin(many_relays(r, t)),
+        ),
+        (
+            "an earlier outbox id commits after later ones are consumed",
+            |r, t| Box::pin(late_commit(r, t)),
+        ),
+        (
+            "unroutable event: backoff, then the outbox DLQ table",
+            |r, t| Box::pin(unroutable(r, t)),
+        ),
+        ("provider charges, then times out or fails", |r, t| {
+            Box::pin(provider_charges_then_fails(r, t))
+        }),
+        (
+            "reordered delivery: projection gets each order backwards",
+            |r, t| Box::pin(reordered(r, t)),
+        ),
+        (
+            "poison: malformed, unknown version, failing handler",
+            |r, t| Box::pin(poison(r, t)),
+        ),
+        ("20 orders race for 10 units", |r, t| Box::pin(race(r, t))),
+    ]
+}
 
 fn sku(tenant: i64) -> String {
     format!("SKU-{tenant}")
@@ -175,175 +205,6 @@ pub async fn provider_charges_then_fails(run: &mut Run, tenant: i64) -> Outcome 
         "provider: 3 charges answered 500, 3 hung past the 1 s timeout".into(),
         vec![],
     ))
-}
-
-/// Puts the broker back on its feet however the scenario ends.
-struct BrokerGuard;
-
-impl Drop for BrokerGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").output();
-    }
-}
-
-pub async fn broker_restart(run: &mut Run, tenant: i64) -> Outcome {
-    if run_cmd("rabbitmqctl", &["-q", "status"])
-        .await
-        .map_or(true, |o| !o.status.success())
-    {
-        return Ok(("skipped: rabbitmqctl not usable here".into(), vec![]));
-    }
-    run.client.stock(tenant, &sku(tenant), 2000).await?;
-    let _guard = BrokerGuard;
-    let (client, dbs) = (&run.client, &run.dbs);
-    let (placed, restarted) = tokio::join!(client.orders(tenant, 1000), async {
-        wait_until(Duration::from_secs(120), "100 orders placed", || async {
-            orders_of(dbs, tenant).await >= 100
-        })
-        .await;
-        run_cmd("rabbitmqctl", &["stop_app"]).await?;
-        let at = orders_of(dbs, tenant).await;
-        // Orders keep coming while the broker is away: they wait in the outbox.
-        wait_until(
-            Duration::from_secs(60),
-            "50 orders accepted while the broker is down",
-            || async { orders_of(dbs, tenant).await >= at + 50 },
-        )
-        .await;
-        run_cmd("rabbitmqctl", &["start_app"]).await?;
-        run_cmd("rabbitmqctl", &["await_startup"]).await?;
-        anyhow::Ok(at)
-    });
-    let at = restarted?;
-    placed?;
-    Ok((
-        format!(
-            "rabbitmqctl stop_app at order {at} of 1000 (unacked deliveries in flight), start_app 50 orders later"
-        ),
-        vec![],
-    ))
-}
-
-/// The replica scenario runs some 25 processes, each with its pools: more
-/// connections than PostgreSQL's default 100. Raises `max_connections` on
-/// the local cluster (ALTER SYSTEM, then a restart), as e2e already
-/// restarts it; elsewhere it says what to set.
-pub async fn ensure_max_connections(wanted: i64) -> anyhow::Result<()> {
-    let admin = db::pool(PgConnectOptions::from_str(&database_url())?, 1).await?;
-    let now: String = sqlx::query_scalar("SHOW max_connections")
-        .fetch_one(&admin)
-        .await?;
-    if now.parse::<i64>().unwrap_or(0) >= wanted {
-        return Ok(());
-    }
-    let version = local_cluster_version();
-    let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
-        println!(
-            "PostgreSQL max_connections is {now}; the replica scenario wants {wanted} (set it and restart)"
-        );
-        return Ok(());
-    };
-    println!(
-        "raising PostgreSQL max_connections from {now} to {wanted} (ALTER SYSTEM; restarting the local cluster)"
-    );
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ALTER SYSTEM SET max_connections = {wanted}"
-    )))
-    .execute(&admin)
-    .await?;
-    admin.close().await;
-    let out = run_cmd(
-        "pg_ctlcluster",
-        &["--skip-systemctl-redirect", &version, "main", "restart"],
-    )
-    .await?;
-    anyhow::ensure!(
-        out.status.success(),
-        "pg_ctlcluster restart: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_until(Duration::from_secs(60), "PostgreSQL back", || async {
-        match db::pool(
-            PgConnectOptions::from_str(&database_url()).expect("valid URL"),
-            1,
-        )
-        .await
-        {
-            Ok(p) => sqlx::query("SELECT 1").execute(&p).await.is_ok(),
-            Err(_) => false,
-        }
-    })
-    .await;
-    Ok(())
-}
-
-/// `pg_ctlcluster … restart -m immediate`: the cluster dies as on a power cut.
-pub async fn postgres_restart(run: &mut Run, tenant: i64) -> Outcome {
-    let version = local_cluster_version();
-    let Some(version) = version.filter(|_| which("pg_ctlcluster")) else {
-        return Ok(("skipped: no local pg_ctlcluster".into(), vec![]));
-    };
-    run.client.stock(tenant, &sku(tenant), 1000).await?;
-    let (client, dbs) = (&run.client, &run.dbs);
-    let load = std::sync::atomic::Ordering::Relaxed;
-    let (errors_before, unavailable_before) = (
-        client.answered_500.load(load),
-        client.answered_503.load(load),
-    );
-    let (placed, restarted) = tokio::join!(client.orders(tenant, 200), async {
-        wait_until(Duration::from_secs(60), "30 orders placed", || async {
-            orders_of(dbs, tenant).await >= 30
-        })
-        .await;
-        let out = run_cmd(
-            "pg_ctlcluster",
-            &[
-                "--skip-systemctl-redirect",
-                "-m",
-                "immediate",
-                &version,
-                "main",
-                "restart",
-            ],
-        )
-        .await?;
-        anyhow::ensure!(
-            out.status.success(),
-            "pg_ctlcluster restart: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        anyhow::Ok(())
-    });
-    restarted?;
-    placed?;
-    let errors = client.answered_500.load(load) - errors_before;
-    let unavailable = client.answered_503.load(load) - unavailable_before;
-    anyhow::ensure!(
-        errors == 0,
-        "{errors} answers were 500 while the database restarted (503 expected)"
-    );
-    Ok((
-        format!(
-            "PostgreSQL restart -m immediate at order 30 of 200; clients retry ({unavailable} answers 503, 0 answers 500)"
-        ),
-        vec![],
-    ))
-}
-
-/// The Debian PostgreSQL cluster version of this machine (`/etc/postgresql/<v>`).
-fn local_cluster_version() -> Option<String> {
-    std::fs::read_dir("/etc/postgresql")
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-}
-
-fn which(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// The projection consumer is down while orders complete, then every event

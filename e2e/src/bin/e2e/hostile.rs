@@ -9,7 +9,24 @@ use reliability::testing::database_url;
 use serde_json::{Value, json};
 use sqlx::postgres::PgConnectOptions;
 
-use crate::{Outcome, Run, orders_of, quiesce};
+use crate::{Outcome, Run, Scenario, orders_of, quiesce};
+
+/// This module's rows of the table.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        (
+            "Idempotency-Key rules: other body, bad keys, replays",
+            |r, t| Box::pin(key_rules(r, t)),
+        ),
+        (
+            "tenants: cross-tenant reads and writes, RLS wall",
+            |r, t| Box::pin(cross_tenant(r, t)),
+        ),
+        ("hostile input: tokens, bodies, sizes, ranges", |r, t| {
+            Box::pin(bad_input(r, t))
+        }),
+    ]
+}
 
 mod bad_input;
 pub use bad_input::bad_input;

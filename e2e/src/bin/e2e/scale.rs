@@ -10,7 +10,27 @@ use reliability::broker;
 use reliability::testing::{amqp_url, wait_until};
 use serde_json::json;
 
-use crate::{Outcome, PREFIX, Run, ledger, orders_of, quiesce};
+use crate::{Outcome, PREFIX, Run, Scenario, ledger, orders_of, quiesce};
+
+/// This module's rows of the table.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        (
+            "replicas: every role x2-3, one of each killed -9 under load",
+            |r, t| Box::pin(replicas(r, t)),
+        ),
+        ("provider at 300 ms under steady load", |r, t| {
+            Box::pin(slow_provider(r, t))
+        }),
+        ("one tenant bursts 10x beside two others", |r, t| {
+            Box::pin(burst(r, t))
+        }),
+        (
+            "subscriber queues deleted while their consumers are down",
+            |r, t| Box::pin(deleted_queues(r, t)),
+        ),
+    ]
+}
 
 /// Extra replicas the replica scenario starts beside the base stack.
 pub const REPLICAS: [(&str, &str, &str); 9] = [

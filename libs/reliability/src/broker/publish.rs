@@ -41,12 +41,14 @@ pub enum PublishFailure {
 }
 
 impl PublishFailure {
-    /// The broker refused this message (returned it, or nacked it): retrying
-    /// it may never help, so it counts toward the DLQ. A timeout or a lost
-    /// connection says nothing about the message (a blocked or unreachable
-    /// broker): it costs no attempt (docs/adr/0013).
+    /// The broker refused this message for what it is: no queue is bound
+    /// for its routing key. Retrying it may never help, so it counts toward
+    /// the DLQ. A nack says the queue could not take it (a quorum queue that
+    /// lost its majority, a full queue), a timeout or a lost connection says
+    /// nothing (a blocked or unreachable broker): none is the message's
+    /// fault, so none costs an attempt (docs/adr/0013, 0023).
     pub fn is_refusal(&self) -> bool {
-        matches!(self, Self::Unroutable(_) | Self::Nacked)
+        matches!(self, Self::Unroutable(_))
     }
 }
 

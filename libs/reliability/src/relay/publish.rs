@@ -6,12 +6,13 @@ use std::collections::VecDeque;
 use serde_json::Value;
 
 use crate::Result;
-use crate::broker::{self, Outgoing, Publisher};
+use crate::broker::{self, Outgoing, PublishFailure, Publisher};
 use crate::failpoint;
 use crate::outbox::Envelope;
 use crate::trace::{Kind, Span, TraceContext};
 
-use super::{BatchReport, Claimed, InFlight, Relay, RelayConfig};
+use super::record::{defer, mark_processed, move_to_dlq, schedule_retry};
+use super::{BatchReport, Claimed, InFlight, Relay};
 
 impl Relay {
     /// Claims, publishes and marks one batch of due rows.
@@ -96,9 +97,18 @@ impl Relay {
         let mut done = Vec::new();
         let (mut failed_ids, mut failed_errors) = (Vec::new(), Vec::new());
         let mut unconfirmed = 0;
+        let (mut deferred_ids, mut deferred_errors) = (Vec::new(), Vec::new());
         for (row, result) in rows.iter().zip(results) {
             match result {
                 Ok(()) => done.push(row.id),
+                Err(e @ PublishFailure::Nacked) => {
+                    // The queue could not take it now; the connection is
+                    // fine and the other queues flow: due again later, no
+                    // attempt spent.
+                    tracing::debug!(outbox_id = row.id, event_type = %row.event_type, "broker nacked: deferred, no attempt spent");
+                    deferred_ids.push(row.id);
+                    deferred_errors.push(e.to_string());
+                }
                 Err(e) if !e.is_refusal() => {
                     // Says nothing about the row: it stays as it was, due.
                     unconfirmed += 1;
@@ -115,6 +125,20 @@ impl Relay {
         }
 
         mark_processed(&mut tx, &done).await?;
+        if !deferred_ids.is_empty() {
+            // Once per batch: a queue without its quorum nacks every row.
+            tracing::warn!(
+                count = deferred_ids.len(),
+                "broker nacked rows (a queue could not take them): deferred, no attempt spent"
+            );
+            defer(
+                &mut tx,
+                &deferred_ids,
+                &deferred_errors,
+                self.config.backoff_step,
+            )
+            .await?;
+        }
         let dead_lettered = if failed_ids.is_empty() {
             0
         } else {
@@ -138,9 +162,9 @@ impl Relay {
                 "outbox rows moved to the DLQ table after too many attempts"
             );
         }
-        if unconfirmed > 0 {
+        if unconfirmed + deferred_ids.len() > 0 {
             metrics::counter!(crate::metrics::OUTBOX_UNCONFIRMED, "source" => self.config.source.clone())
-                .increment(unconfirmed as u64);
+                .increment((unconfirmed + deferred_ids.len()) as u64);
         }
         Ok(BatchReport {
             claimed: rows.len(),
@@ -148,6 +172,7 @@ impl Relay {
             failed: failed_ids.len(),
             dead_lettered,
             unconfirmed,
+            deferred: deferred_ids.len(),
         })
     }
 
@@ -280,70 +305,6 @@ impl Relay {
         };
         Ok((message, step))
     }
-}
-
-async fn mark_processed(tx: &mut sqlx::PgConnection, ids: &[i64]) -> Result<()> {
-    if !ids.is_empty() {
-        sqlx::query("UPDATE outbox_messages SET processed_at = now() WHERE id = ANY($1)")
-            .bind(ids)
-            .execute(tx)
-            .await?;
-    }
-    Ok(())
-}
-
-/// Moves the rows whose next attempt would exceed `max_attempts` to the DLQ
-/// table; returns how many.
-async fn move_to_dlq(
-    tx: &mut sqlx::PgConnection,
-    ids: &[i64],
-    errors: &[String],
-    max_attempts: i32,
-) -> Result<usize> {
-    let moved = sqlx::query(
-        "WITH failed AS (SELECT * FROM unnest($1::bigint[], $2::text[]) AS f(id, error)),
-              moved AS (
-                DELETE FROM outbox_messages o USING failed
-                WHERE o.id = failed.id AND o.attempts + 1 > $3
-                RETURNING o.*, failed.error)
-         INSERT INTO outbox_messages_dlq
-             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-              payload, headers, occurred_at, attempts, last_error)
-         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-                payload, headers, occurred_at, attempts + 1, error
-         FROM moved",
-    )
-    .bind(ids)
-    .bind(errors)
-    .bind(max_attempts)
-    .execute(tx)
-    .await?;
-    Ok(moved.rows_affected() as usize)
-}
-
-/// Backs the remaining failed rows off: `attempts + 1`, and due again after
-/// `LEAST(attempts + 1, max_steps) * step`.
-async fn schedule_retry(
-    tx: &mut sqlx::PgConnection,
-    ids: &[i64],
-    errors: &[String],
-    config: &RelayConfig,
-) -> Result<()> {
-    sqlx::query(
-        "UPDATE outbox_messages o
-         SET attempts = o.attempts + 1,
-             available_at = now() + LEAST(o.attempts + 1, $3) * make_interval(secs => $4),
-             last_error = f.error
-         FROM unnest($1::bigint[], $2::text[]) AS f(id, error)
-         WHERE o.id = f.id",
-    )
-    .bind(ids)
-    .bind(errors)
-    .bind(config.backoff_max_steps)
-    .bind(config.backoff_step.as_secs_f64())
-    .execute(tx)
-    .await?;
-    Ok(())
 }
 
 /// The CloudEvents 1.0 attributes of `e` as `ce-` headers: the binary

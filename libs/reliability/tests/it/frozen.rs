@@ -100,6 +100,23 @@ async fn the_broker_agrees_to_our_heartbeat() {
 }
 
 #[tokio::test]
+async fn a_url_list_reaches_the_node_that_answers() {
+    // Port 1 refuses at once: a dead node of the cluster, listed first
+    // and last, so that whichever node a call starts from, one is passed over.
+    let dead = "amqp://guest:guest@127.0.0.1:1/%2f";
+    let list = format!("{dead}, {}, {dead}", amqp_url());
+    for _ in 0..3 {
+        let conn = reliability::broker::connect(&list, "reltest-nodes")
+            .await
+            .expect("a live node in the list is found");
+        assert!(conn.status().connected());
+        let _ = conn.close(200, "done".into()).await;
+    }
+    let none = reliability::broker::connect(&format!("{dead},{dead}"), "reltest-nodes").await;
+    assert!(none.is_err(), "no live node: an error, not a hang");
+}
+
+#[tokio::test]
 async fn one_classifier_tells_a_dependency_down_from_a_settled_conflict_from_bad_data() {
     use reliability::db::{is_retryable_at_no_cost, is_unavailable};
     use sqlx::Connection as _;

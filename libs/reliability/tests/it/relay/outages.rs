@@ -237,6 +237,102 @@ async fn in_a_batch_of_routed_and_unroutable_rows_only_the_unroutable_back_off()
     db.cleanup().await;
 }
 
+/// A queue that cannot take a message nacks it: a quorum queue that lost
+/// its majority, or here a queue held full (`x-max-length` 0 with
+/// `reject-publish`). Neither is the message's fault: the nacked rows wait
+/// one backoff step with no attempt spent, and rows bound for healthy
+/// queues in the same batches are published all the same.
+#[tokio::test]
+async fn nacked_rows_cost_no_attempt_and_the_other_queues_keep_flowing() {
+    use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let healthy = broker.queue(&["svc.Routed"]).await;
+    let full = reliability::testing::unique("reltest.q.full.");
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    broker
+        .channel
+        .queue_declare(full.as_str().into(), QueueDeclareOptions::default(), args)
+        .await
+        .unwrap();
+    broker
+        .channel
+        .queue_bind(
+            full.as_str().into(),
+            broker.exchange.as_str().into(),
+            "svc.Held".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
+    let publisher = relay.publisher().await.unwrap();
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    let (mut routed, mut held) = (Vec::new(), Vec::new());
+    for i in 0..40 {
+        let kind = if i % 2 == 0 { "Routed" } else { "Held" };
+        let id = outbox::enqueue(
+            &mut tx,
+            &NewEvent::new("test", format!("n{i}"), kind, &json!({"amount": 1})).unwrap(),
+        )
+        .await
+        .unwrap();
+        if kind == "Routed" {
+            routed.push(id)
+        } else {
+            held.push(id)
+        }
+    }
+    tx.commit().await.unwrap();
+
+    let report = relay.relay_batch(&publisher).await.unwrap();
+    assert_eq!(
+        (
+            report.published,
+            report.deferred,
+            report.failed,
+            report.unconfirmed
+        ),
+        (20, 20, 0, 0),
+        "{report:?}"
+    );
+    assert!(publisher.is_usable(), "a nack leaves the channel as it was");
+    let waiting: Vec<(i64, i32, f64, String)> = sqlx::query_as(
+        "SELECT id, attempts, EXTRACT(EPOCH FROM available_at - now())::float8, last_error
+         FROM outbox_messages WHERE processed_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(waiting.iter().map(|w| w.0).collect::<Vec<_>>(), held);
+    for (id, attempts, delay, error) in &waiting {
+        assert_eq!(*attempts, 0, "row {id}: a nack spent an attempt");
+        assert!(
+            (25.0..=30.5).contains(delay),
+            "row {id}: due again in {delay} s"
+        );
+        assert!(error.contains("nacked"), "{error}");
+    }
+    let mut got: Vec<i64> = broker
+        .take_all(&healthy)
+        .await
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, routed);
+    broker.cleanup(&[&healthy, &full]).await;
+    db.cleanup().await;
+}
+
 /// A broker that blocks publishers (a memory or disk alarm) keeps the
 /// connection and stops answering. Confirm timeouts must cost no attempts,
 /// or a long alarm would move the whole backlog into the DLQ table.
