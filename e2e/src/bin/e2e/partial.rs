@@ -300,7 +300,8 @@ async fn relay_frozen(run: &mut Run, tenant: i64) -> Outcome {
     placed?;
     let frozen_at = Instant::now();
     run.cluster.start(TWIN, None)?;
-    let more = run.client.orders(tenant, 20).await;
+    // New keys: the first 40 replayed would make no new orders.
+    let more = run.client.orders_from(tenant, 40, 20).await;
     let decided = wait_decided(run, tenant, Duration::from_secs(85)).await;
     tokio::time::sleep(Duration::from_secs(90).saturating_sub(frozen_at.elapsed())).await;
     run.cluster.signal(FROZEN, "CONT")?;
