@@ -14,6 +14,11 @@ use crate::trace::{Kind, Span, TraceContext};
 use super::record::{defer, mark_processed, move_to_dlq, schedule_retry};
 use super::{BatchReport, Claimed, InFlight, Relay};
 
+/// How long the window waits to open a connection for its next batch.
+/// PostgreSQL opens one in milliseconds; longer means the pool's last slot
+/// was taken meanwhile (another relay), and settling comes first.
+const OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Relay {
     /// Claims, publishes and marks one batch of due rows.
     #[tracing::instrument(skip_all, fields(source = %self.config.source))]
@@ -218,6 +223,16 @@ impl Relay {
                 } else {
                     match self.pool.try_begin().await? {
                         Some(tx) => tx,
+                        // No idle connection, but room for one (the idle
+                        // ones were reaped, or never opened): open it rather
+                        // than shrink the window to one batch. Bounded: a
+                        // slot taken meanwhile must not hold our settling up.
+                        None if self.pool.size() < self.pool.options().get_max_connections() => {
+                            match tokio::time::timeout(OPEN_WAIT, self.pool.begin()).await {
+                                Ok(tx) => tx?,
+                                Err(_) => break,
+                            }
+                        }
                         None => break,
                     }
                 };

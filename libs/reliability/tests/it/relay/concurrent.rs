@@ -151,3 +151,42 @@ async fn relays_with_batches_in_flight_never_wait_on_each_other_for_connections(
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// The window's later batches take a connection only if one is free at
+/// once. A pool whose idle connections were reaped (or never opened) has
+/// none idle but room for more: the window must open them, not shrink to
+/// one batch at a time.
+#[tokio::test]
+async fn the_window_opens_connections_a_reaped_pool_no_longer_holds() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+    for i in 0..600 {
+        outbox::enqueue(
+            &mut tx,
+            &NewEvent::new("test", format!("w-{i}"), "Added", &json!({"amount": 1})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let pool = db.pool_as(reliability::db::RELAY_ROLE, 3).await;
+    assert!(pool.size() <= 1, "a fresh pool, as after idle reaping");
+    let mut cfg = config(&broker);
+    cfg.batch_size = 100;
+    cfg.batches_in_flight = 3;
+    let relay = Relay::new(pool.clone(), &amqp_url(), cfg);
+    let publisher = relay.publisher().await.unwrap();
+    let report = relay.relay_window(&publisher).await.unwrap();
+    assert_eq!(report.published, 600);
+    assert_eq!(
+        pool.size(),
+        3,
+        "the window held 3 batches, one connection each"
+    );
+    assert_eq!(broker.take_all(&queue).await.len(), 600);
+    pool.close().await;
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
