@@ -135,6 +135,14 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         "{:?}",
         s.problems
     );
+    // Connections counted against the server's limit, per service database.
+    assert_eq!(s.connections.len(), 4, "{:?}", s.connections);
+    for c in &s.connections {
+        assert!(
+            c.database >= 1 && c.server >= c.database && c.server_max > 0,
+            "{c:?}"
+        );
+    }
     // Each consumer is attached, with nothing waiting.
     for line in &s.consumers {
         assert!(line.consumers.unwrap_or(0) > 0, "{line:?}");

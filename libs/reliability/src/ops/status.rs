@@ -11,6 +11,9 @@ use crate::{broker, maintenance, relay};
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     pub outbox: Vec<OutboxLine>,
+    /// Connections per service database against the server's limit: the
+    /// limit nobody counts until a pool times out.
+    pub connections: Vec<ConnectionsLine>,
     pub consumers: Vec<ConsumerLine>,
     pub maintenance: Vec<MaintenanceLine>,
     /// What needs an operator, one sentence each; empty when all is well.
@@ -23,6 +26,32 @@ pub struct OutboxLine {
     #[serde(flatten)]
     pub status: Option<relay::OutboxStatus>,
     pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ConnectionsLine {
+    #[sqlx(skip)]
+    pub service: String,
+    /// Sessions on this service's database (every role, every replica).
+    pub database: i64,
+    /// Client sessions on the whole server.
+    pub server: i64,
+    /// What the server lets non-superusers open.
+    pub server_max: i64,
+}
+
+/// Past this share of the server's connections, new pools will wait.
+const CONNECTIONS_PROBLEM_SHARE: f64 = 0.8;
+
+async fn connections(pool: &sqlx::PgPool) -> sqlx::Result<ConnectionsLine> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()) AS database,
+                (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS server,
+                current_setting('max_connections')::bigint
+                  - current_setting('superuser_reserved_connections')::bigint AS server_max",
+    )
+    .fetch_one(pool)
+    .await
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -54,7 +83,12 @@ pub async fn status(estate: &Estate) -> Status {
     let mut problems = Vec::new();
     let mut outbox = Vec::new();
     let mut runs = Vec::new();
+    let mut conns = Vec::new();
     for (service, pool) in &estate.databases {
+        if let Ok(mut line) = connections(pool).await {
+            line.service = service.clone();
+            conns.push(line);
+        }
         let (status, error) = match relay::outbox_status(pool).await {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e.to_string())),
@@ -122,8 +156,19 @@ pub async fn status(estate: &Estate) -> Status {
         }
         consumers.push(line);
     }
+    // The services usually share one server: say it once.
+    if let Some(busiest) = conns.iter().max_by_key(|c| c.server)
+        && busiest.server_max > 0
+        && busiest.server as f64 >= CONNECTIONS_PROBLEM_SHARE * busiest.server_max as f64
+    {
+        problems.push(format!(
+            "PostgreSQL: {} of {} connections in use: new pools will time out (runbook: pool exhaustion)",
+            busiest.server, busiest.server_max
+        ));
+    }
     Status {
         outbox,
+        connections: conns,
         consumers,
         maintenance: runs,
         problems,

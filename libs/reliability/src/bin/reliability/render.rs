@@ -78,6 +78,18 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
         }
     }
     println!(
+        "\n{:<12} {:>9} {:>15}",
+        "CONNECTIONS", "database", "server / max"
+    );
+    for c in &status.connections {
+        println!(
+            "{:<12} {:>9} {:>15}",
+            c.service,
+            c.database,
+            format!("{} / {}", c.server, c.server_max)
+        );
+    }
+    println!(
         "\n{:<18} {:>7} {:>8} {:>10} {:>5} {:>10}  last applied",
         "CONSUMER", "ready", "unacked", "consumers", "dlq", "applied"
     );
