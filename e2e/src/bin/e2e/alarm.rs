@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use e2e::world::World;
 
-use crate::{Outcome, Run, quiesce};
+use crate::{Outcome, Run, attempts_spent, quiesce};
 
 /// Puts the watermark back however the scenario ends.
 struct Watermark(&'static World, String);
@@ -65,23 +65,7 @@ pub async fn memory_alarm(run: &mut Run, tenant: i64) -> Outcome {
     if waiting == 0 {
         violations.push("scenario: the alarm held nothing back (did it fire?)".to_owned());
     }
-    for (svc, pool) in [
-        ("orders", &run.dbs.orders),
-        ("inventory", &run.dbs.inventory),
-        ("payments", &run.dbs.payments),
-    ] {
-        let attempts: i64 = sqlx::query_scalar(
-            "SELECT coalesce(max(attempts), 0)::bigint FROM outbox_messages WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch_one(pool)
-        .await?;
-        if attempts > 0 {
-            violations.push(format!(
-                "relay: the blocked broker cost {svc}'s outbox rows {attempts} attempt(s)"
-            ));
-        }
-    }
+    violations.extend(attempts_spent(run, tenant, "the blocked broker").await?);
     Ok((
         format!(
             "memory alarm (watermark 0.0001) for 8 s = 4 confirm timeouts, 100 orders; {waiting} events waited in the outbox; watermark back to {before}"

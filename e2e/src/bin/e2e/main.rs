@@ -482,3 +482,31 @@ async fn orders_of(dbs: &Dbs, tenant: i64) -> i64 {
         .await
         .unwrap_or(0)
 }
+
+/// Outbox rows of the tenant charged an attempt: none may be, for an
+/// outage of the broker.
+pub(crate) async fn attempts_spent(
+    run: &Run,
+    tenant: i64,
+    why: &str,
+) -> anyhow::Result<Vec<String>> {
+    let mut violations = Vec::new();
+    for (svc, pool) in [
+        ("orders", &run.dbs.orders),
+        ("inventory", &run.dbs.inventory),
+        ("payments", &run.dbs.payments),
+    ] {
+        let attempts: i64 = sqlx::query_scalar(
+            "SELECT coalesce(max(attempts), 0)::bigint FROM outbox_messages WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_one(pool)
+        .await?;
+        if attempts > 0 {
+            violations.push(format!(
+                "relay: {why} cost {svc}'s outbox rows {attempts} attempt(s)"
+            ));
+        }
+    }
+    Ok(violations)
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use e2e::world::World;
 use reliability::testing::wait_until;
 
-use crate::{Outcome, Run, Scenario, orders_of, quiesce};
+use crate::{Outcome, Run, Scenario, attempts_spent, orders_of, quiesce};
 
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {
@@ -141,30 +141,6 @@ async fn quorum_lost(run: &mut Run, tenant: i64) -> Outcome {
         ),
         violations,
     ))
-}
-
-/// Outbox rows of the tenant charged an attempt: none may be, for an
-/// outage of the broker.
-async fn attempts_spent(run: &Run, tenant: i64, why: &str) -> anyhow::Result<Vec<String>> {
-    let mut violations = Vec::new();
-    for (svc, pool) in [
-        ("orders", &run.dbs.orders),
-        ("inventory", &run.dbs.inventory),
-        ("payments", &run.dbs.payments),
-    ] {
-        let attempts: i64 = sqlx::query_scalar(
-            "SELECT coalesce(max(attempts), 0)::bigint FROM outbox_messages WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch_one(pool)
-        .await?;
-        if attempts > 0 {
-            violations.push(format!(
-                "relay: {why} cost {svc}'s outbox rows {attempts} attempt(s)"
-            ));
-        }
-    }
-    Ok(violations)
 }
 
 /// The bound on how long an order waits on a consumer frozen in its
