@@ -321,21 +321,26 @@ impl Client {
         all.into_iter().collect()
     }
 
-    /// Orders in rounds of 20 until `done` is set, then one round more: load
-    /// that lasts as long as a fault takes, however fast it is. Returns how
-    /// many were placed.
+    /// A steady load: `per_second` orders each second until `done` is set,
+    /// then one round more. It lasts as long as a fault takes, however fast
+    /// the machine; paced, so that what waits out the fault stays a backlog
+    /// the stack drains within the checker's deadline. Returns how many were
+    /// placed.
     pub async fn orders_until(
         &self,
         tenant: i64,
+        per_second: usize,
         done: &std::sync::atomic::AtomicBool,
     ) -> anyhow::Result<usize> {
         let mut placed = 0;
         loop {
+            let round = Instant::now();
             let last = done.load(std::sync::atomic::Ordering::Acquire);
-            placed += self.orders_from(tenant, placed, 20).await?.len();
+            placed += self.orders_from(tenant, placed, per_second).await?.len();
             if last {
                 return Ok(placed);
             }
+            tokio::time::sleep(Duration::from_secs(1).saturating_sub(round.elapsed())).await;
         }
     }
 }

@@ -487,17 +487,9 @@ async fn applied(dbs: &crate::Dbs, tenant: i64, consumer: &str) -> anyhow::Resul
 }
 
 /// 20 orders of one unit each, all at once, for 10 units in stock.
-pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
-    run.client.stock(tenant, &sku(tenant), 10).await?;
-    let sku = sku(tenant);
-    let placed = futures_util::future::join_all((0..20).map(|i| {
-        let (key, customer, sku) = (format!("race-{tenant}-{i}"), format!("c-{i}"), sku.clone());
-        let client = &run.client;
-        async move { client.order(tenant, &key, &customer, &sku, 1).await }
-    }))
-    .await;
-    placed.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    quiesce(run, tenant).await?;
+/// Orders confirmed, the SKU's on-hand and reserved units, and charges made,
+/// for the race below.
+async fn race_books(run: &Run, tenant: i64, sku: &str) -> anyhow::Result<(i64, i64, i64, usize)> {
     let statuses: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
         "SELECT status, count(*) FROM orders WHERE tenant_id = $1 GROUP BY status",
     )
@@ -509,7 +501,7 @@ pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
     let (on_hand, reserved): (i64, i64) =
         sqlx::query_as("SELECT on_hand, reserved FROM products WHERE tenant_id = $1 AND sku = $2")
             .bind(tenant)
-            .bind(&sku)
+            .bind(sku)
             .fetch_one(&run.dbs.inventory)
             .await?;
     let prefix = format!("pay-{tenant}-");
@@ -519,11 +511,37 @@ pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
         .filter(|m| m.key.starts_with(&prefix) && m.charged_cents > 0)
         .count();
     let confirmed = statuses.get("confirmed").copied().unwrap_or(0);
+    Ok((confirmed, on_hand, reserved, charged))
+}
+
+pub async fn race(run: &mut Run, tenant: i64) -> Outcome {
+    run.client.stock(tenant, &sku(tenant), 10).await?;
+    let sku = sku(tenant);
+    let placed = futures_util::future::join_all((0..20).map(|i| {
+        let (key, customer, sku) = (format!("race-{tenant}-{i}"), format!("c-{i}"), sku.clone());
+        let client = &run.client;
+        async move { client.order(tenant, &key, &customer, &sku, 1).await }
+    }))
+    .await;
+    placed.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    quiesce(run, tenant).await?;
+    // Quiet means decided, not yet applied everywhere: the last
+    // OrderConfirmed may still be on its way to inventory. Read until the
+    // books agree, or report what they say at the deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut violations = vec![];
-    if confirmed != 10 || on_hand != 0 || reserved != 0 || charged != 10 {
-        violations.push(format!(
-            "I5: 20 orders for 10 units: {confirmed} confirmed, on_hand {on_hand}, reserved {reserved}, {charged} charges"
-        ));
+    loop {
+        let (confirmed, on_hand, reserved, charged) = race_books(run, tenant, &sku).await?;
+        if confirmed == 10 && on_hand == 0 && reserved == 0 && charged == 10 {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            violations.push(format!(
+                "I5: 20 orders for 10 units: {confirmed} confirmed, on_hand {on_hand}, reserved {reserved}, {charged} charges"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(("20 concurrent orders, 10 units in stock".into(), violations))
 }

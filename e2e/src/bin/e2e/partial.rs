@@ -69,7 +69,7 @@ async fn leader_killed(run: &mut Run, tenant: i64) -> Outcome {
     let (client, dbs, world) = (&run.client, &run.dbs, run.world);
     let queue = format!("{}inventory.stock", crate::PREFIX);
     let done = AtomicBool::new(false);
-    let (placed, killed) = tokio::join!(client.orders_until(tenant, &done), async {
+    let (placed, killed) = tokio::join!(client.orders_until(tenant, 10, &done), async {
         let fault = async {
             wait_until(Duration::from_secs(60), "50 orders placed", || async {
                 orders_of(dbs, tenant).await >= 50
@@ -104,7 +104,7 @@ async fn quorum_lost(run: &mut Run, tenant: i64) -> Outcome {
     let (client, dbs, world) = (&run.client, &run.dbs, run.world);
     let down = [1, 2];
     let done = AtomicBool::new(false);
-    let (placed, outage) = tokio::join!(client.orders_until(tenant, &done), async {
+    let (placed, outage) = tokio::join!(client.orders_until(tenant, 5, &done), async {
         let outage = async {
             wait_until(Duration::from_secs(60), "30 orders placed", || async {
                 orders_of(dbs, tenant).await >= 30

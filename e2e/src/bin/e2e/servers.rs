@@ -39,7 +39,7 @@ async fn broker_restart(run: &mut Run, tenant: i64) -> Outcome {
     let (client, dbs, world) = (&run.client, &run.dbs, run.world);
     let nodes = world.nodes().len();
     let done = AtomicBool::new(false);
-    let (placed, restarted) = tokio::join!(client.orders_until(tenant, &done), async {
+    let (placed, restarted) = tokio::join!(client.orders_until(tenant, 10, &done), async {
         let outage = async {
             wait_until(Duration::from_secs(120), "100 orders placed", || async {
                 orders_of(dbs, tenant).await >= 100
