@@ -182,7 +182,7 @@ async fn consumer_frozen(run: &mut Run, tenant: i64) -> Outcome {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let frozen_at = Instant::now();
-    let since = chrono_now(run).await?;
+    let since = db_now(run).await?;
     run.client.orders(tenant, 30).await?;
     // Every order of the tenant decided while the process is still frozen.
     let decided = wait_decided(run, tenant, FROZEN_FOR.saturating_sub(frozen_at.elapsed())).await;
@@ -227,7 +227,8 @@ async fn consumer_frozen(run: &mut Run, tenant: i64) -> Outcome {
     ))
 }
 
-async fn chrono_now(run: &Run) -> anyhow::Result<String> {
+/// The database's clock: order times are compared on it, not ours.
+async fn db_now(run: &Run) -> anyhow::Result<String> {
     Ok(sqlx::query_scalar("SELECT now()::text")
         .fetch_one(&run.dbs.orders)
         .await?)
@@ -266,13 +267,12 @@ async fn relay_frozen(run: &mut Run, tenant: i64) -> Outcome {
     run.cluster
         .start(FROZEN, Some("relay.before_confirm=freeze"))?;
     let (client, cluster) = (&run.client, &run.cluster);
-    let (placed, froze) = tokio::join!(client.orders(tenant, 40), async {
+    let (placed, ()) = tokio::join!(
+        client.orders(tenant, 40),
         wait_until(Duration::from_secs(60), "the relay frozen", || async {
             cluster.frozen(FROZEN)
         })
-        .await;
-    });
-    let () = froze;
+    );
     placed?;
     let frozen_at = Instant::now();
     run.cluster.start(TWIN, None)?;

@@ -156,16 +156,7 @@ pub async fn status(estate: &Estate) -> Status {
         }
         consumers.push(line);
     }
-    // The services usually share one server: say it once.
-    if let Some(busiest) = conns.iter().max_by_key(|c| c.server)
-        && busiest.server_max > 0
-        && busiest.server as f64 >= CONNECTIONS_PROBLEM_SHARE * busiest.server_max as f64
-    {
-        problems.push(format!(
-            "PostgreSQL: {} of {} connections in use: new pools will time out (runbook: pool exhaustion)",
-            busiest.server, busiest.server_max
-        ));
-    }
+    problems.extend(connections_problem(&conns));
     Status {
         outbox,
         connections: conns,
@@ -229,4 +220,48 @@ async fn unacked(management_url: &str, queue: &str) -> Option<u64> {
         .ok()?;
     let body: serde_json::Value = reply.error_for_status().ok()?.json().await.ok()?;
     body["messages_unacknowledged"].as_u64()
+}
+
+/// The server's connections near its limit, said once: the services
+/// usually share one server.
+fn connections_problem(lines: &[ConnectionsLine]) -> Option<String> {
+    let busiest = lines.iter().max_by_key(|c| c.server)?;
+    (busiest.server_max > 0
+        && busiest.server as f64 >= CONNECTIONS_PROBLEM_SHARE * busiest.server_max as f64)
+        .then(|| {
+            format!(
+                "PostgreSQL: {} of {} connections in use: new pools will time out (runbook: pool exhaustion)",
+                busiest.server, busiest.server_max
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(service: &str, server: i64) -> ConnectionsLine {
+        ConnectionsLine {
+            service: service.into(),
+            database: 1,
+            server,
+            server_max: 97,
+        }
+    }
+
+    #[test]
+    fn a_server_near_its_connection_limit_is_named_once() {
+        assert_eq!(
+            connections_problem(&[line("orders", 10), line("payments", 77)]),
+            None
+        );
+        let at_80 = connections_problem(&[line("orders", 78), line("payments", 78)]);
+        assert_eq!(
+            at_80.as_deref(),
+            Some(
+                "PostgreSQL: 78 of 97 connections in use: new pools will time out (runbook: pool exhaustion)"
+            )
+        );
+        assert_eq!(connections_problem(&[]), None);
+    }
 }
