@@ -82,18 +82,25 @@ pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
 ///
 /// - `commerce_app` (HTTP, consumers, the payments worker) never waits on
 ///   the network inside a transaction: idle in one for 15 s is abandoned;
-///   no statement of ours runs 30 s.
+///   no statement of ours runs 30 s; a wait for a lock another session
+///   holds (a row, an aggregate's advisory lock) gives up after 5 s with
+///   55P03, which every caller retries at no cost: a worker behind a stuck
+///   holder is freed to answer 503 or take other work instead of queueing.
 /// - `commerce_relay` holds its claim across the publish and its confirms
-///   (ADR 0001, bounded at 10 s each): 60 s for both.
+///   (ADR 0001, bounded at 10 s each): 60 s for both. It claims with
+///   `SKIP LOCKED` and should never wait for a lock; if it ever does, 10 s.
 /// - `commerce_owner` (migrations, maintenance, the operator's commands):
-///   idle 60 s; no statement bound, a migration may take long.
+///   idle 60 s; no statement or lock bound, a migration may take long and
+///   `sqlx migrate` would not retry one that gave up.
 /// - every role: keepalive probes after 30 s idle, every 10 s, 3 missed
 ///   and the server drops the connection (about 1 minute).
 pub const ROLE_BOUNDS: &[(&str, &str, &str)] = &[
     (APP_ROLE, "idle_in_transaction_session_timeout", "15s"),
     (APP_ROLE, "statement_timeout", "30s"),
+    (APP_ROLE, "lock_timeout", "5s"),
     (RELAY_ROLE, "idle_in_transaction_session_timeout", "60s"),
     (RELAY_ROLE, "statement_timeout", "60s"),
+    (RELAY_ROLE, "lock_timeout", "10s"),
     (OWNER_ROLE, "idle_in_transaction_session_timeout", "60s"),
 ];
 const KEEPALIVES: &[(&str, &str)] = &[

@@ -59,7 +59,8 @@ pub(super) async fn claim(
     .await;
     match claimed {
         Ok(Some(_)) => {
-            sqlx::query("SELECT set_config('lock_timeout', '0', true)")
+            // Back to the role's bound (db::ROLE_BOUNDS) for the handler.
+            sqlx::query("SET LOCAL lock_timeout TO DEFAULT")
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(SAVEPOINT).execute(&mut *tx).await?;

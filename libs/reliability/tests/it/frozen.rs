@@ -10,12 +10,14 @@ use reliability::testing::{TestDb, amqp_url};
 
 /// The runtime role's idle-in-transaction bound, as `ROLE_BOUNDS` sets it.
 fn app_idle_bound() -> Duration {
+    bound_of(reliability::db::APP_ROLE, "idle_in_transaction_session_timeout")
+}
+
+fn bound_of(role: &str, setting: &str) -> Duration {
     let (_, _, value) = ROLE_BOUNDS
         .iter()
-        .find(|(role, setting, _)| {
-            *role == reliability::db::APP_ROLE && *setting == "idle_in_transaction_session_timeout"
-        })
-        .expect("the runtime role has an idle bound");
+        .find(|(r, s, _)| *r == role && *s == setting)
+        .unwrap_or_else(|| panic!("{role} has no {setting}"));
     Duration::from_secs(value.trim_end_matches('s').parse().expect("seconds"))
 }
 
@@ -59,6 +61,40 @@ async fn a_transaction_a_frozen_replica_left_open_gives_its_locks_back_within_th
 }
 
 #[tokio::test]
+async fn a_wait_behind_a_live_holder_gives_up_at_the_roles_lock_bound() {
+    let db = TestDb::new().await;
+    let bound = bound_of(reliability::db::APP_ROLE, "lock_timeout");
+    assert!(bound < app_idle_bound(), "else the idle bound ends it first");
+    // The holder is alive (not frozen): only the lock bound frees its twin.
+    let mut holder = db.app.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(4343)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut twin = db.app.begin().await.unwrap();
+    let waited = tokio::time::timeout(
+        app_idle_bound() + Duration::from_secs(5),
+        sqlx::query("SELECT pg_advisory_xact_lock(4343)").execute(&mut *twin),
+    )
+    .await
+    .expect("the twin waited past the idle bound");
+    let gave_up = waited.expect_err("the twin took a lock that was never given back");
+    let elapsed = started.elapsed();
+    assert!(
+        reliability::db::is_retryable_at_no_cost(&gave_up),
+        "{gave_up}"
+    );
+    assert!(
+        elapsed + Duration::from_millis(500) >= bound && elapsed < bound + Duration::from_secs(3),
+        "gave up after {elapsed:?}, the bound is {bound:?}"
+    );
+    drop(twin);
+    holder.rollback().await.unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
 async fn every_runtime_role_carries_the_bounds_on_abandoned_work() {
     let db = TestDb::new().await;
     for role in [reliability::db::APP_ROLE, reliability::db::RELAY_ROLE] {
@@ -73,6 +109,7 @@ async fn every_runtime_role_carries_the_bounds_on_abandoned_work() {
         for wanted in [
             "idle_in_transaction_session_timeout",
             "statement_timeout",
+            "lock_timeout",
             "tcp_keepalives_idle",
         ] {
             assert!(

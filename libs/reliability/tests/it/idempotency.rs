@@ -85,7 +85,13 @@ async fn create_widget(State(state): State<AppState>, req: Idempotent<CreateWidg
                 "quantity must be positive",
             ));
         }
-        Ok(json!({"id": id, "name": body.name, "quantity": body.quantity}))
+        // What the handler's own lock waits are bounded by, after the key's
+        // claim used a shorter bound of its own.
+        let lock_timeout: String = sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db)?;
+        Ok(json!({"id": id, "name": body.name, "quantity": body.quantity, "lock_timeout": lock_timeout}))
     })
     .await
 }
@@ -237,6 +243,8 @@ async fn fifty_concurrent_identical_posts_run_the_handler_once() {
             other => panic!("unexpected {other}: {body}"),
         }
     }
+    // The claim's short wait is over: the handler waits under the role's bound.
+    assert_eq!(original["lock_timeout"], "5s", "{original}");
     let app = Arc::into_inner(app).unwrap();
     app.db.cleanup().await;
 }
