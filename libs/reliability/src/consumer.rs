@@ -155,8 +155,9 @@ pub struct ConsumerConfig {
     /// one transaction: one commit (one WAL flush) for the group. 1 turns
     /// grouping off. A group that fails falls back to one at a time.
     pub batch_max: usize,
-    /// Lanes in this process: each its own channel on the queue, applying
-    /// its deliveries in turn, beside the others (docs/adr/0010).
+    /// Lanes in this process: each its own connection and channel on the
+    /// queue, applying its deliveries in turn, beside the others
+    /// (docs/adr/0010, 0024).
     pub lanes: usize,
     pub fail_points: FailPoints,
 }
@@ -201,6 +202,8 @@ struct Counters {
     retries: AtomicU64,
     grouped: AtomicU64,
     fallbacks: AtomicU64,
+    redelivered: AtomicU64,
+    lane_restarts: AtomicU64,
 }
 
 /// Deliveries this consumer finished since it was built (the same figures
@@ -217,6 +220,13 @@ pub struct ConsumerStats {
     /// Groups that failed and were applied one at a time instead (a
     /// handler error, or two appliers deadlocked: docs/adr/0010).
     pub fallbacks: u64,
+    /// Deliveries that came back: a channel or connection (this process's
+    /// or another's) closed before acking them. Each counts toward the
+    /// queue's delivery limit, so blips must not return what they need not.
+    pub redelivered: u64,
+    /// Lanes that lost their connection or channel and reconnected on
+    /// their own, the others going on.
+    pub lane_restarts: u64,
 }
 
 impl ConsumerStats {
@@ -258,16 +268,21 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// Reports to `health` (the process's `/readyz`) as `consumer <name>`:
-    /// ready while every lane is connected, else why not.
+    /// Reports to `health` (the process's `/readyz`) as `consumer <name>`
+    /// (`consumer <name> lane <i>` for each of several lanes): ready while
+    /// connected, else why not.
     #[must_use]
     pub fn with_health(mut self, health: Health) -> Self {
         self.health = health;
         self
     }
 
-    fn health_part(&self) -> String {
-        format!("consumer {}", self.config.name)
+    fn health_part(&self, lane: usize) -> String {
+        if self.config.lanes > 1 {
+            format!("consumer {} lane {lane}", self.config.name)
+        } else {
+            format!("consumer {}", self.config.name)
+        }
     }
 
     pub fn stats(&self) -> ConsumerStats {
@@ -278,6 +293,8 @@ impl<H: Handler> Consumer<H> {
             retries: self.stats.retries.load(Ordering::Relaxed),
             grouped: self.stats.grouped.load(Ordering::Relaxed),
             fallbacks: self.stats.fallbacks.load(Ordering::Relaxed),
+            redelivered: self.stats.redelivered.load(Ordering::Relaxed),
+            lane_restarts: self.stats.lane_restarts.load(Ordering::Relaxed),
         }
     }
 

@@ -33,6 +33,11 @@ pub const CONSUMER_HANDLER: &str = "consumer.handler";
 pub const CONSUMER_BEFORE_COMMIT: &str = "consumer.before_commit";
 /// Consumer: committed; the delivery not yet acked.
 pub const CONSUMER_AFTER_COMMIT: &str = "consumer.after_commit";
+/// Consumer, one lane: `error` makes the broker close that lane's channel
+/// (the lane acks a tag it was never given: 406), as a delivery
+/// acknowledgement timeout or any channel error would. Not a crash: the
+/// process goes on.
+pub const CONSUMER_LANE_CHANNEL: &str = "consumer.lane_channel";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -62,6 +62,8 @@ pub const CONSUMER_MESSAGES: &str = "consumer_messages_total";
 pub const CONSUMER_RETRIES: &str = "consumer_retries_total";
 pub const CONSUMER_DEAD_LETTERED: &str = "consumer_dead_lettered_total";
 pub const CONSUMER_GROUP_FALLBACKS: &str = "consumer_group_fallbacks_total";
+pub const CONSUMER_REDELIVERED: &str = "consumer_redelivered_total";
+pub const CONSUMER_LANE_RESTARTS: &str = "consumer_lane_restarts_total";
 pub const CONSUMER_QUEUE_DEPTH: &str = "consumer_queue_depth";
 pub const CONSUMER_DLQ_DEPTH: &str = "consumer_dlq_depth";
 pub const CONSUMER_LAST_APPLIED: &str = "consumer_last_applied_timestamp_seconds";
@@ -110,6 +112,8 @@ pub const CATALOGUE: &[Metric] = &[
     m(CONSUMER_RETRIES, Counter, &["consumer"], "Failed tries that were retried."),
     m(CONSUMER_DEAD_LETTERED, Counter, &["consumer", "reason"], "Deliveries sent to the consumer's DLQ."),
     m(CONSUMER_GROUP_FALLBACKS, Counter, &["consumer"], "Grouped commits that failed and were applied one delivery at a time."),
+    m(CONSUMER_REDELIVERED, Counter, &["consumer"], "Deliveries that came back: a channel or connection closed before acking them (each counts toward the queue's delivery limit)."),
+    m(CONSUMER_LANE_RESTARTS, Counter, &["consumer"], "Lanes that lost their connection or channel and reconnected on their own, the other lanes going on."),
     m(CONSUMER_QUEUE_DEPTH, Gauge, &["consumer"], "Messages ready in the consumer's queue (its lag, in messages)."),
     m(CONSUMER_DLQ_DEPTH, Gauge, &["consumer"], "Messages waiting in the consumer's DLQ."),
     m(CONSUMER_LAST_APPLIED, Gauge, &["consumer"], "When this process last finished a delivery (Unix seconds)."),

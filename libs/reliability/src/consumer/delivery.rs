@@ -24,40 +24,52 @@ impl<H: Handler> Consumer<H> {
     /// Consumes until `shutdown`, reconnecting after broker or database
     /// outages. Stops between messages, never inside one. Returns an error
     /// only when a fail point fired (the simulated crash).
+    ///
+    /// Each lane has a connection of its own (docs/adr/0024): a channel's
+    /// unacked deliveries go back to the queue, each counted toward its
+    /// delivery limit, when that channel or its connection closes, so one
+    /// lane's failure must close nothing the other lanes hold. (A channel
+    /// per lane on one connection is not enough: lapin 4 turns a delivery
+    /// that arrives on a channel the broker just closed into an error of
+    /// the whole connection.)
     pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
-        let what = format!("consumer {} lost its broker", self.config.name);
-        let part = self.health_part();
-        supervise(&part, &what, &self.health, &shutdown, || {
-            self.run_connected(&shutdown)
-        })
-        .await
-    }
-
-    /// One connection, one channel per lane. When one lane fails the others
-    /// stop too (their transactions roll back, their deliveries go back to
-    /// the queue when the connection closes) and all reconnect together.
-    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<()> {
-        let conn =
-            broker::connect(&self.amqp_url, &format!("{}-consumer", self.config.name)).await?;
-        self.health.ready(&self.health_part());
         let lanes = self.config.lanes.max(1);
-        let stop_lanes = shutdown.child_token();
-        let result = futures_util::future::try_join_all((0..lanes).map(|i| {
-            let stop = stop_lanes.clone();
-            let conn = &conn;
+        let stop = shutdown.child_token();
+        futures_util::future::try_join_all((0..lanes).map(|index| {
+            let stop = stop.clone();
             async move {
-                let r = self.consume(conn, &stop, Lane::new(i)).await;
+                let part = self.health_part(index);
+                let what = format!("consumer {} lane {index} lost its broker", self.config.name);
+                let r = supervise(&part, &what, &self.health, &stop, || async {
+                    let r = self.run_lane(&stop, index).await;
+                    if matches!(&r, Err(e) if !matches!(e, Error::FailPoint(_))) {
+                        self.stats.lane_restarts.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!(crate::metrics::CONSUMER_LANE_RESTARTS, "consumer" => self.config.name.clone())
+                            .increment(1);
+                    }
+                    r
+                })
+                .await;
                 if r.is_err() {
+                    // A simulated crash stops the process's every lane.
                     stop.cancel();
                 }
                 r
             }
         }))
         .await
-        .map(|_| ());
+        .map(|_| ())
+    }
+
+    /// One lane on a connection of its own until `stop` or a failure.
+    async fn run_lane(&self, stop: &CancellationToken, index: usize) -> Result<()> {
+        let name = format!("{}-consumer-{index}", self.config.name);
+        let conn = broker::connect(&self.amqp_url, &name).await?;
+        self.health.ready(&self.health_part(index));
+        let result = self.consume(&conn, stop, Lane::new(index)).await;
         // Closing hands unacked deliveries back to the broker now rather than
         // at the heartbeat timeout; after a simulated crash too.
-        let _ = broker::bounded(conn.close(200, "consumer stopped".into())).await;
+        let _ = broker::bounded(conn.close(200, "consumer lane stopped".into())).await;
         result
     }
 
@@ -118,6 +130,17 @@ impl<H: Handler> Consumer<H> {
                     Some(Some(d)) => group.push(d?),
                     _ => break,
                 }
+            }
+            self.count_redelivered(&group);
+            if self
+                .config
+                .fail_points
+                .check(failpoint::CONSUMER_LANE_CHANNEL)
+                .is_err()
+            {
+                // A tag this channel never delivered: the broker closes it.
+                let _ =
+                    broker::bounded(channel.basic_ack(u64::MAX, BasicAckOptions::default())).await;
             }
             let carry_on = if group.len() == 1 {
                 self.process(group.remove(0), shutdown, lane).await?
@@ -220,6 +243,15 @@ impl<H: Handler> Consumer<H> {
         step.run(self.settle(delivery, event, shutdown, lane))
             .instrument(span)
             .await
+    }
+
+    fn count_redelivered(&self, group: &[Delivery]) {
+        let back = group.iter().filter(|d| d.redelivered).count() as u64;
+        if back > 0 {
+            self.stats.redelivered.fetch_add(back, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::CONSUMER_REDELIVERED, "consumer" => self.config.name.clone())
+                .increment(back);
+        }
     }
 
     fn count(&self, outcome: Outcome) {

@@ -190,6 +190,8 @@ fn total(consumers: &[Arc<Consumer<impl Handler>>]) -> ConsumerStats {
             retries: a.retries + b.retries,
             grouped: a.grouped + b.grouped,
             fallbacks: a.fallbacks + b.fallbacks,
+            redelivered: a.redelivered + b.redelivered,
+            lane_restarts: a.lane_restarts + b.lane_restarts,
         })
 }
 

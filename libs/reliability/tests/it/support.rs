@@ -55,10 +55,15 @@ pub async fn effects(db: &TestDb) -> Vec<(i64, String, i32, i64)> {
 #[derive(Clone, Default)]
 pub struct AddingHandler {
     pub poisoned: Arc<AtomicBool>,
+    /// Work each event takes, so that lanes hold full prefetch windows.
+    pub work: Duration,
 }
 
 impl Handler for AddingHandler {
     async fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> Result<(), HandlerError> {
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
         if event.event_type == "Poison" && self.poisoned.load(Ordering::SeqCst) {
             return Err(HandlerError::Transient("poison pill".into()));
         }

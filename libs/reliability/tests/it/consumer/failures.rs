@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use reliability::broker;
 use reliability::consumer::Consumer;
@@ -211,6 +212,59 @@ async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
     assert_eq!(consumer.stats().dead_lettered, 0);
     assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
     assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 5, 5)]);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn one_lane_whose_channel_fails_sends_back_only_its_own_deliveries() {
+    let (db, broker, mut cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    cfg.lanes = 2;
+    cfg.prefetch = 20;
+    cfg.batch_max = 1;
+    let events = 400;
+    for id in 1..=events {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, 1, &format!("agg-{id}"), "Added", 1))
+                    .unwrap(),
+            )
+            .await;
+    }
+    let handler = AddingHandler {
+        work: Duration::from_millis(5),
+        ..AddingHandler::default()
+    };
+    let fail_points = cfg.fail_points.clone();
+    let prefetch = u64::from(cfg.prefetch);
+    let (stop, consumer, task) = start(&db, cfg, handler);
+    // Both lanes hold full windows before one of them fails.
+    wait_until(DEADLINE, "both lanes under way", || async {
+        consumer.stats().applied >= 2 * prefetch
+    })
+    .await;
+    fail_points.arm(failpoint::CONSUMER_LANE_CHANNEL, Action::Error);
+    wait_until(DEADLINE, "every event applied", || async {
+        consumer.stats().applied == events as u64
+    })
+    .await;
+    let stats = consumer.stats();
+    assert_eq!(stats.lane_restarts, 1, "{stats:?}");
+    // The failed lane's window came back (at most its prefetch); the other
+    // lane's stayed with it. Closing the connection would return both.
+    assert!(
+        stats.redelivered >= 1 && stats.redelivered <= prefetch,
+        "{} deliveries came back; one lane holds at most {prefetch}: {stats:?}",
+        stats.redelivered
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let applied: Vec<i32> = effects(&db).await.into_iter().map(|e| e.2).collect();
+    assert_eq!(applied.len(), events as usize);
+    assert!(applied.iter().all(|n| *n == 1), "each applied once");
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
