@@ -66,6 +66,26 @@ enum Db {
 }
 
 impl Dbs {
+    /// Duplicate deliveries the tenant's consumers absorbed so far (I2).
+    pub async fn duplicates(&self, tenant: i64) -> anyhow::Result<i64> {
+        let mut total = 0;
+        for pool in [
+            &self.orders,
+            &self.inventory,
+            &self.payments,
+            &self.projection,
+        ] {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(duplicate_count), 0)::bigint FROM consumer_offsets WHERE tenant_id = $1",
+            )
+            .bind(tenant)
+            .fetch_one(pool)
+            .await?;
+            total += n;
+        }
+        Ok(total)
+    }
+
     fn pool(&self, db: Db) -> &PgPool {
         match db {
             Db::Orders => &self.orders,
@@ -228,20 +248,7 @@ impl Dbs {
                 }
             }
         }
-        for pool in [
-            &self.orders,
-            &self.inventory,
-            &self.payments,
-            &self.projection,
-        ] {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT coalesce(sum(duplicate_count), 0)::bigint FROM consumer_offsets WHERE tenant_id = $1",
-            )
-            .bind(tenant)
-            .fetch_one(pool)
-            .await?;
-            v.duplicates += n;
-        }
+        v.duplicates = self.duplicates(tenant).await?;
         // The projection agrees with the orders service.
         let views: BTreeMap<i64, String> = sqlx::query_as::<_, (i64, String)>(
             "SELECT order_id, status FROM order_views WHERE tenant_id = $1",

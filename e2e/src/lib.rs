@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod hosts;
 pub mod procs;
 pub mod untouched;
 pub mod world;

@@ -26,6 +26,10 @@ pub struct Proc {
     pub starts: u32,
     /// Started with fail points armed.
     armed: bool,
+    /// What it runs under (`ip netns exec <host>`), and its own settings on
+    /// top of the stack's: a process on another host.
+    wrap: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// The whole stack as processes, all sharing one environment.
@@ -65,8 +69,34 @@ impl Cluster {
             child: None,
             starts: 0,
             armed: false,
+            wrap: Vec::new(),
+            env: Vec::new(),
         };
         self.procs.insert(name.to_owned(), p);
+    }
+
+    /// Registers `name` = `bin args…` run under `wrap` (another host's
+    /// `ip netns exec`), with `env` on top of the stack's settings (the
+    /// servers' addresses as that host sees them). It has no ops port: the
+    /// runner cannot reach the host's loopback.
+    pub fn add_on(
+        &mut self,
+        name: &str,
+        wrap: Vec<String>,
+        env: Vec<(String, String)>,
+        bin: PathBuf,
+        args: &[&str],
+    ) {
+        self.add(name, bin, args, None);
+        let p = self.procs.get_mut(name).expect("just added");
+        p.ops = None;
+        p.wrap = wrap;
+        p.env = env;
+    }
+
+    /// The settings every process shares.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
     }
 
     /// Starts `name`, with `fail_points` (e.g. `relay.after_confirm=abort`) if given.
@@ -84,9 +114,17 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let log = self.log(name)?;
         let p = self.procs.get_mut(name).context("no such process")?;
-        let mut cmd = Command::new(&p.bin);
+        let mut cmd = match p.wrap.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&p.bin);
+                cmd
+            }
+            None => Command::new(&p.bin),
+        };
         cmd.args(&p.args)
             .envs(self.env.iter().cloned())
+            .envs(p.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -204,6 +242,12 @@ impl Cluster {
             .collect()
     }
 
+    /// The resident set (KiB) of `name` now, if it runs.
+    pub fn rss_kib(&self, name: &str) -> Option<u64> {
+        let pid = self.procs.get(name)?.child.as_ref()?.id();
+        status_kib(&pid.to_string(), "VmRSS:")
+    }
+
     /// Sends `signal` (`STOP`, `CONT`…) to `name`, if it runs.
     pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
         let pid = self
@@ -272,10 +316,15 @@ impl Drop for Cluster {
 /// `VmHWM` of `/proc/{pid}/status` (`pid` may be `self`): the peak resident
 /// set in KiB.
 pub fn peak_rss_kib(pid: &str) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A KiB figure of `/proc/{pid}/status`.
+fn status_kib(pid: &str, field: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()

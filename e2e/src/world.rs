@@ -8,6 +8,7 @@
 //! As root (CI), PostgreSQL runs as the `postgres` user, since `initdb`
 //! refuses root; elsewhere everything runs as the invoking user.
 
+use crate::hosts::{Host, Link};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -28,6 +29,8 @@ pub struct World {
     epmd_port: u16,
     /// Where the logs are copied when the world is removed.
     keep_logs: PathBuf,
+    /// A separate host, where network namespaces can be made.
+    host: Option<Host>,
 }
 
 struct Postgres {
@@ -45,7 +48,7 @@ pub struct Node {
     dir: PathBuf,
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // The euid, without a libc dependency: /proc/self is owned by it.
     std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
 }
@@ -131,6 +134,12 @@ impl World {
                 dir: root.join(format!("rabbit-{i}")),
             })
             .collect();
+        let host = Host::unavailable().is_none().then(|| Host::new(base));
+        // The host reaches PostgreSQL over its own link.
+        let listen = match host {
+            Some(_) => format!("127.0.0.1,{}", Host::server_addr(Link::Postgres)),
+            None => "127.0.0.1".to_owned(),
+        };
         let pg = Postgres {
             bin: pg_bindir()?,
             data: root.join("pg/data"),
@@ -138,7 +147,7 @@ impl World {
             // fsync off: the scenarios crash processes, not the kernel, so
             // what PostgreSQL wrote survives in the page cache either way.
             options: format!(
-                "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
+                "-c port={} -c listen_addresses={listen} -c unix_socket_directories={} \
                  -c max_connections=300 -c fsync=off -c shared_buffers=128MB",
                 base + 32,
                 root.join("pg").display()
@@ -152,6 +161,7 @@ impl World {
             rabbit_bin,
             epmd_port: base + 69,
             keep_logs,
+            host,
         })
     }
 
@@ -178,6 +188,9 @@ impl World {
             );
         }
         std::fs::create_dir_all(world.root.join("pg"))?;
+        if let Some(host) = &world.host {
+            host.create()?;
+        }
         world.create_postgres()?;
         world.create_rabbit()
     }
@@ -194,6 +207,15 @@ impl World {
             .map(|n| format!("amqp://guest:guest@127.0.0.1:{}/%2f", n.amqp_port))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The separate host, if this machine can make one; else why not.
+    pub fn host(&self) -> Result<&Host, String> {
+        match &self.host {
+            Some(host) if host.exists() => Ok(host),
+            Some(_) => Err("the world's host was not made".into()),
+            None => Err(Host::unavailable().unwrap_or_default()),
+        }
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -229,6 +251,19 @@ impl World {
                 .output(),
             "initdb",
         )?;
+        if self.host.is_some() {
+            use std::io::Write as _;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(self.pg.data.join("pg_hba.conf"))?
+                .write_all(
+                    format!(
+                        "host all all {}/32 trust\n",
+                        Host::client_addr(Link::Postgres)
+                    )
+                    .as_bytes(),
+                )?;
+        }
         self.pg_start()
     }
 
@@ -519,6 +554,9 @@ impl World {
     /// keeping the logs. Also what `create` does with a world an
     /// interrupted run left.
     pub fn remove(&self) {
+        if let Some(host) = &self.host {
+            host.remove();
+        }
         for node in &self.nodes {
             if let Some(pid) = self.node_pid(node) {
                 let _ = Command::new("kill")

@@ -58,6 +58,7 @@ pub const OUTBOX_DLQ_DEPTH: &str = "outbox_dlq_depth";
 pub const OUTBOX_MAX_ATTEMPTS: &str = "outbox_max_attempts";
 pub const OUTBOX_TENANT_PENDING: &str = "outbox_tenant_pending";
 pub const OUTBOX_TENANT_LAG: &str = "outbox_tenant_lag_seconds";
+pub const OUTBOX_BROKER_BLOCKED: &str = "outbox_broker_blocked";
 pub const CONSUMER_MESSAGES: &str = "consumer_messages_total";
 pub const CONSUMER_RETRIES: &str = "consumer_retries_total";
 pub const CONSUMER_DEAD_LETTERED: &str = "consumer_dead_lettered_total";
@@ -106,6 +107,7 @@ pub const CATALOGUE: &[Metric] = &[
     m(OUTBOX_PENDING, Gauge, &["source"], "Outbox rows not yet published."),
     m(OUTBOX_DLQ_DEPTH, Gauge, &["source"], "Rows in outbox_messages_dlq (attempts exhausted)."),
     m(OUTBOX_MAX_ATTEMPTS, Gauge, &["source"], "Most failed attempts of a row still pending."),
+    m(OUTBOX_BROKER_BLOCKED, Gauge, &["source"], "1 while the broker blocks the relay's connection (a memory or disk alarm): the relay waits on it, claiming nothing."),
     OUTBOX_TENANT_PENDING_METRIC,
     OUTBOX_TENANT_LAG_METRIC,
     m(CONSUMER_MESSAGES, Counter, &["consumer", "outcome"], "Deliveries finished: applied, or duplicate (already applied)."),

@@ -8,7 +8,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionStatus, PublisherConfirm,
+};
 
 use crate::Result;
 use crate::failpoint::{self, FailPoints};
@@ -55,6 +57,7 @@ impl PublishFailure {
 /// A channel in confirm mode publishing to one exchange.
 pub struct Publisher {
     channel: Channel,
+    connection: ConnectionStatus,
     exchange: String,
     confirm_timeout: Duration,
     fail_points: FailPoints,
@@ -74,6 +77,7 @@ impl Publisher {
         bounded(declare_exchange(&channel, exchange)).await?;
         Ok(Self {
             channel,
+            connection: connection.status().clone(),
             exchange: exchange.to_owned(),
             confirm_timeout,
             fail_points: FailPoints::none(),
@@ -92,6 +96,20 @@ impl Publisher {
     /// publishing to a missing exchange, or a broker restart).
     pub fn is_usable(&self) -> bool {
         self.channel.status().connected()
+    }
+
+    /// The broker blocked this connection (a memory or disk alarm). lapin
+    /// then writes nothing on it, not even a close, until the broker
+    /// unblocks it; what was queued in it goes out at that moment. So a
+    /// blocked connection is waited on, never dropped for a new one
+    /// (docs/adr/0025).
+    pub fn is_blocked(&self) -> bool {
+        self.connection.blocked()
+    }
+
+    /// The connection is still up (blocked or not).
+    pub fn is_connected(&self) -> bool {
+        self.connection.connected()
     }
 
     /// Declares `queues` on this publisher's channel (idempotent).
@@ -122,6 +140,13 @@ impl Publisher {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
+            // Blocked, or out of time: queue nothing more in lapin, where it
+            // would go out when the broker unblocks, long after its row was
+            // released and claimed again.
+            if self.is_blocked() || tokio::time::Instant::now() >= deadline {
+                pending.push(Err(PublishFailure::Timeout(self.confirm_timeout)));
+                continue;
+            }
             let props = BasicProperties::default()
                 .with_delivery_mode(2) // persistent
                 .with_content_type("application/json".into())

@@ -208,6 +208,11 @@ impl Relay {
                     return Ok((total, true));
                 }
             }
+            if more && publisher.is_blocked() {
+                // Its calls would wait on the alarm: settle, then the loop
+                // waits for the unblock (relay::run).
+                more = false;
+            }
             if more {
                 publisher.require_queues(&self.config.topology).await?;
             }

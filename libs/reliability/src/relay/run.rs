@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::Publisher;
 use crate::supervise::supervise;
 use crate::{Error, Result};
 
@@ -29,20 +30,39 @@ impl Relay {
         let publisher = self.publisher().await?;
         self.health.ready(HEALTH_PART);
         tracing::info!(source = %self.config.source, exchange = %self.config.exchange, "relay connected");
+        let result = self.serve(&publisher, &mut listener, shutdown).await;
+        if result.is_err() && publisher.is_blocked() {
+            // Whatever failed, a blocked connection is not left behind with
+            // publishes queued in it: the next one would queue them again.
+            self.wait_unblocked(&publisher, shutdown).await?;
+        }
+        result
+    }
+
+    async fn serve(
+        &self,
+        publisher: &Publisher,
+        listener: &mut PgListener,
+        shutdown: &CancellationToken,
+    ) -> Result<()> {
         let mut gauges_at = Instant::now() - Duration::from_secs(60);
         let mut tenants_at = gauges_at;
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
+            if publisher.is_blocked() && !self.wait_unblocked(publisher, shutdown).await? {
+                return Ok(());
+            }
             // Bounded, so that gauges and shutdown get their turn under load.
-            let (report, more_due) = self.window_pass(&publisher, 64).await?;
+            let (report, more_due) = self.window_pass(publisher, 64).await?;
             if !publisher.is_usable() {
                 return Err(Error::ChannelClosed("publisher channel"));
             }
-            if report.unconfirmed > 0 {
-                // Blocked (a memory or disk alarm) or gone: back off and try a
-                // fresh connection; the rows wait, costing no attempt.
+            if report.unconfirmed > 0 && !publisher.is_blocked() {
+                // Confirms that never came on a connection not blocked: it
+                // may be half dead. Back off and try a fresh one; the rows
+                // wait, costing no attempt. (Blocked: the loop waits above.)
                 return Err(Error::BrokerTimeout(self.config.confirm_timeout));
             }
             if gauges_at.elapsed() >= Duration::from_secs(1) {
@@ -63,6 +83,51 @@ impl Relay {
                 () = tokio::time::sleep(self.config.poll_interval) => {}
             }
         }
+    }
+
+    /// Waits on the blocked connection until the broker unblocks it
+    /// (docs/adr/0025), claiming nothing. What lapin queued in it goes out
+    /// then, once; a new connection would queue a second copy of the window
+    /// beside it, and the blocked one cannot even send its close. The wait
+    /// is the alarm's own length: nothing can be published meanwhile on
+    /// any connection. It ends early if the connection is lost (an error:
+    /// reconnect) or at shutdown (false). Logs every 30 s.
+    async fn wait_unblocked(
+        &self,
+        publisher: &Publisher,
+        shutdown: &CancellationToken,
+    ) -> Result<bool> {
+        let started = Instant::now();
+        let blocked = metrics::gauge!(crate::metrics::OUTBOX_BROKER_BLOCKED, "source" => self.config.source.clone());
+        blocked.set(1.0);
+        self.health.not_ready(
+            HEALTH_PART,
+            "the broker blocked publishing (a memory or disk alarm)",
+        );
+        tracing::warn!(source = %self.config.source, "the broker blocked the relay's connection (a memory or disk alarm); waiting on it, claiming nothing");
+        let mut said = Instant::now();
+        let outcome = loop {
+            if !publisher.is_blocked() {
+                break Ok(true);
+            }
+            if !publisher.is_connected() {
+                break Err(Error::ChannelClosed("blocked broker connection"));
+            }
+            if said.elapsed() >= Duration::from_secs(30) {
+                tracing::warn!(source = %self.config.source, blocked_for = ?started.elapsed(), "the broker still blocks publishing");
+                said = Instant::now();
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break Ok(false),
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        };
+        blocked.set(0.0);
+        if matches!(outcome, Ok(true)) {
+            tracing::info!(source = %self.config.source, blocked_for = ?started.elapsed(), "the broker unblocked the relay's connection");
+            self.health.ready(HEALTH_PART);
+        }
+        outcome
     }
 
     /// `outbox_lag_seconds` (age of the oldest pending row), `outbox_dlq_depth`
