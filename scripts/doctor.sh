@@ -69,10 +69,11 @@ else
     ok "the stack's roles are not created yet (make up creates them)"
   fi
   # Every process holds its own pools: make up's four take up to
-  # 4 x (DB_POOL_SIZE + 6 relay + 2 owner); a whole-stack test about 40 more.
+  # 4 x (DB_POOL_SIZE + DB_RELAY_POOL_SIZE + DB_OWNER_POOL_SIZE); a
+  # whole-stack test about 40 more.
   max=$(psql "$ADMIN_DATABASE_URL" -Atc "SELECT setting::int - current_setting('superuser_reserved_connections')::int FROM pg_settings WHERE name = 'max_connections'" 2>/dev/null)
   if [ -n "$max" ]; then
-    up=$(( 4 * (${DB_POOL_SIZE:-16} + 8) ))
+    up=$(( 4 * (${DB_POOL_SIZE:-16} + ${DB_RELAY_POOL_SIZE:-6} + ${DB_OWNER_POOL_SIZE:-2}) ))
     if [ "$max" -lt "$up" ]; then
       bad "PostgreSQL takes $max connections; make up's pools can hold $up" \
           "raise max_connections in postgresql.conf (and restart), or set DB_POOL_SIZE lower in .env"

@@ -95,12 +95,19 @@ pub struct CommonSettings {
     #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
     pub consumer_lanes: usize,
     /// Connections of the runtime role's pool per process (HTTP handlers,
-    /// consumer lanes, the payments worker); the relay's pool is 6 and the
-    /// owner's 2. Every process of every replica holds its own pools:
-    /// their sum must stay under PostgreSQL's `max_connections` (100 by
-    /// default), or behind a pooler.
+    /// consumer lanes, the payments worker). Every process of every replica
+    /// holds its own pools: their sum must stay under PostgreSQL's
+    /// `max_connections` (100 by default), or behind a pooler.
     #[arg(long, env = "DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
+    /// Connections of the relay role's pool per process: the relay's window
+    /// (a claim per batch in flight), its LISTEN and its gauges.
+    #[arg(long, env = "DB_RELAY_POOL_SIZE", default_value_t = 6)]
+    pub db_relay_pool_size: u32,
+    /// Connections of the owner role's pool per process: migrations and
+    /// maintenance.
+    #[arg(long, env = "DB_OWNER_POOL_SIZE", default_value_t = 2)]
+    pub db_owner_pool_size: u32,
     /// Port of `/healthz`, `/readyz` and `/metrics` for a process that
     /// serves no HTTP API (roles `relay` and `consume`); default: the
     /// service's port + 1000 (relay) or + 2000 (consume). Roles that serve
@@ -151,6 +158,8 @@ impl CommonSettings {
             relay_max_attempts: 10,
             consumer_lanes: 4,
             db_pool_size: 16,
+            db_relay_pool_size: 6,
+            db_owner_pool_size: 2,
             ops_port: None,
             rate_limit_per_sec: 1000,
             rate_limit_burst: 2000,
@@ -267,8 +276,14 @@ impl Databases {
                 role(&common.app_database_url, db::APP_ROLE)?,
                 common.db_pool_size,
             ),
-            relay: pool(role(&common.relay_database_url, db::RELAY_ROLE)?, 6),
-            owner: pool(role(&common.owner_database_url, db::OWNER_ROLE)?, 2),
+            relay: pool(
+                role(&common.relay_database_url, db::RELAY_ROLE)?,
+                common.db_relay_pool_size,
+            ),
+            owner: pool(
+                role(&common.owner_database_url, db::OWNER_ROLE)?,
+                common.db_owner_pool_size,
+            ),
         })
     }
 }
