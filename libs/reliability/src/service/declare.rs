@@ -66,7 +66,7 @@ impl<X: Args> Settings<X> {
         let prefix = service.name.to_uppercase().replace('-', "_");
         // Once per process: clap keeps names and defaults as `&'static str`.
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        let command = Self::command()
+        let command = super::hide_env_values(Self::command())
             .name(service.name)
             .about(service.about)
             .mut_arg("port", |a| {

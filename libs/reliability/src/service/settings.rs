@@ -141,6 +141,15 @@ pub struct CommonSettings {
     pub otlp_endpoint: Option<String>,
 }
 
+/// `--help` names the variable each argument reads, never its value: a
+/// database URL's password or `JWT_SECRET` in the environment must not
+/// reach a terminal, or a log that captured the help. Every argument of
+/// `cmd` and of its subcommands, so a secret added later is covered too.
+pub fn hide_env_values(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| a.hide_env_values(true))
+        .mut_subcommands(hide_env_values)
+}
+
 impl CommonSettings {
     /// Local defaults, as with no environment at all.
     pub fn local() -> Self {

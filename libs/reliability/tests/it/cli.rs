@@ -78,3 +78,24 @@ async fn a_purge_without_yes_or_with_dry_run_deletes_nothing_and_with_yes_delete
     assert_eq!(status["dlq"], 1);
     db.cleanup().await;
 }
+
+#[test]
+fn help_names_the_variables_it_reads_but_never_their_values() {
+    let secret = "s3cret-in-the-environment";
+    for args in [&["--help"][..], &["setup", "--help"], &["token", "--help"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_reliability"))
+            .args(args)
+            .env("JWT_SECRET", secret)
+            .env("AMQP_URL", format!("amqp://u:{secret}@127.0.0.1:1/%2f"))
+            .env(
+                "ADMIN_DATABASE_URL",
+                format!("postgres://u:{secret}@127.0.0.1:1/db"),
+            )
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {help}");
+        assert!(!help.contains(secret), "{args:?} printed a secret:\n{help}");
+    }
+}

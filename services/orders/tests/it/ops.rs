@@ -140,3 +140,22 @@ async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
     delete_broker_objects(&queues(&common), &common.exchange).await;
     db.cleanup().await;
 }
+
+#[test]
+fn help_never_prints_a_secret_the_environment_holds() {
+    let secret = "s3cret-in-the-environment";
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orders"))
+        .arg("--help")
+        .env("JWT_SECRET", format!("{secret}-at-least-32-bytes-long"))
+        .env(
+            "ORDERS_DATABASE_URL",
+            format!("postgres://u:{secret}@127.0.0.1:1/orders"),
+        )
+        .env("AMQP_URL", format!("amqp://u:{secret}@127.0.0.1:1/%2f"))
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    assert!(help.contains("JWT_SECRET"), "names the variable:\n{help}");
+    assert!(!help.contains(secret), "printed a secret:\n{help}");
+}
