@@ -43,8 +43,8 @@ impl Drop for Watermark {
 /// What one sample saw.
 #[derive(Debug, Clone, Copy, Default)]
 struct Sample {
-    connections: usize,
-    relay_connections: usize,
+    connections: u64,
+    relay_connections: u64,
     relay_rss_kib: u64,
 }
 
@@ -65,8 +65,8 @@ async fn sample(run: &Run) -> anyhow::Result<Sample> {
         .await?;
     let lines: Vec<&str> = lines.lines().filter(|l| !l.trim().is_empty()).collect();
     Ok(Sample {
-        connections: lines.len(),
-        relay_connections: lines.iter().filter(|l| l.contains("-relay\"}")).count(),
+        connections: lines.len() as u64,
+        relay_connections: lines.iter().filter(|l| l.contains("-relay\"}")).count() as u64,
         relay_rss_kib: run.cluster.rss_kib("orders-relay").unwrap_or(0),
     })
 }
@@ -128,8 +128,8 @@ pub async fn memory_alarm(run: &mut Run, tenant: i64) -> Outcome {
     let dups = run.dbs.duplicates(tenant).await? - dups_before;
 
     let most = |f: fn(&Sample) -> u64| samples.iter().map(f).max().unwrap_or(0);
-    let peak_conns = most(|s| s.connections as u64) as usize;
-    let peak_relay_conns = most(|s| s.relay_connections as u64) as usize;
+    let peak_conns = most(|s| s.connections);
+    let peak_relay_conns = most(|s| s.relay_connections);
     let peak_rss = most(|s| s.relay_rss_kib);
     let first_rss = start.relay_rss_kib;
     let mut violations = Vec::new();

@@ -80,14 +80,21 @@ async fn cut_off(run: &mut Run, tenant: i64, link: Link) -> Outcome {
     run.client
         .stock(tenant, &format!("SKU-{tenant}"), 100_000)
         .await?;
+    // Its lanes, each on a connection of its own (ADR 0024): all of them
+    // must be up before the cut, and back after the heal.
+    let lanes: usize = run
+        .cluster
+        .env()
+        .iter()
+        .find(|(k, _)| k == "CONSUMER_LANES")
+        .map_or(Ok(4), |(_, v)| v.parse())?;
     run.cluster.start(ON_HOST, None)?;
     wait_until(
         Duration::from_secs(60),
-        "the host's consumer connected to the broker",
-        || async { host_connections(world).await > 0 },
+        "every lane of the host's consumer connected to the broker",
+        || async { host_connections(world).await >= lanes },
     )
     .await;
-    let lanes = host_connections(world).await;
     let (client, dbs) = (&run.client, &run.dbs);
     let done = AtomicBool::new(false);
     let (placed, fault) = tokio::join!(client.orders_until(tenant, 5, &done), async {
