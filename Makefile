@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e bench bench-smoke
+.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -104,6 +104,10 @@ openapi: ## write each service's OpenAPI document (target/openapi/) and the even
 e2e: ## crash, restart, freeze and node-loss scenarios against the stack as real processes, in a world of its own (its own PostgreSQL and 3-node RabbitMQ on ports 25401-25469; E2E_WORLD_PORT moves them); leaves the local servers alone
 	cargo build --locked --bins
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
+
+e2e-pgbouncer: ## the whole e2e suite once more with the runtime role through PgBouncer in transaction mode (builds PgBouncer 1.24 from Debian's source when the system's is older than 1.21)
+	cargo build --locked --bins
+	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
 SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim

@@ -46,7 +46,7 @@ pub(crate) async fn http(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
             database_url: url.clone(),
             ..orders::Settings::local(common.clone())
         },
-        Databases::connect_lazy(&url, &common)?,
+        Databases::connect_lazy(&url, &common, "bench-orders")?,
         stop.clone(),
     )
     .await?;

@@ -18,6 +18,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 mod api;
+mod cost;
 mod pipeline;
 mod processes;
 mod saga;
@@ -51,6 +52,10 @@ impl Sizes {
         }
         if let Some(n) = env_number("BENCH_CONSUME") {
             sizes.consume = n.try_into().unwrap_or(sizes.consume);
+        }
+        // BENCH_PROCS_ORDERS=200: orders per tenant through the saga as processes.
+        if let Some(n) = env_number("BENCH_PROCS_ORDERS") {
+            sizes.procs_orders = n.try_into().unwrap_or(sizes.procs_orders);
         }
         // The raw consumer and the consumer runtime each take `consume`
         // messages from what the last drain left in the queue.

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::cost::{self, STATS_FLUSH};
 use crate::{Sizes, Table, pct};
 
 /// The stack as separate processes, as `make up` and `make e2e` run it
@@ -23,6 +24,24 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     };
     let (mut procs, dbs) = cluster::launch(&layout, &[("RUST_LOG", "warn")]).await?;
     let client = Client::new(&layout)?;
+    // The cost counters are read from the `postgres` database, so that the
+    // reads are not counted among the services' transactions.
+    let admin = reliability::db::pool(
+        std::str::FromStr::from_str(&reliability::testing::database_url())?,
+        1,
+    )
+    .await?;
+    // What the idle stack costs (relays' and the worker's polling), taken
+    // off each round.
+    tokio::time::sleep(STATS_FLUSH).await;
+    let idle_from = cost::snapshot(&admin, layout.name, &procs).await?;
+    let idle_t0 = Instant::now();
+    tokio::time::sleep(STATS_FLUSH).await;
+    let idle = cost::between(
+        &idle_from,
+        &cost::snapshot(&admin, layout.name, &procs).await?,
+    );
+    let idle_secs = idle_t0.elapsed().as_secs_f64();
     // The same load against a provider answering at once, in 100 ms and in
     // 300 ms (real providers: 200-800 ms); 4 fresh tenants each time.
     for (round, latency_ms) in [0_u64, 100, 300].into_iter().enumerate() {
@@ -40,6 +59,7 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
                 .stock(tenant, &format!("SKU-{tenant}"), 1_000_000)
                 .await?;
         }
+        let from = cost::snapshot(&admin, layout.name, &procs).await?;
         let t0 = Instant::now();
         let placed = futures_util::future::join_all(
             tenants
@@ -53,6 +73,23 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
         }
         let posted = t0.elapsed().as_secs_f64();
         let deadline = t0 + Duration::from_secs(600);
+        // Polled on the orders database alone, one transaction a poll,
+        // counted and taken off; the full check once that says done.
+        let mut polls = 0;
+        loop {
+            polls += 1;
+            let undecided: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM orders WHERE status = 'pending' AND tenant_id = ANY($1)",
+            )
+            .bind(tenants.clone().collect::<Vec<i64>>())
+            .fetch_one(&dbs.orders)
+            .await?;
+            if undecided == 0 {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "orders never decided");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         for tenant in tenants {
             while !dbs.quiet(tenant).await? {
                 anyhow::ensure!(Instant::now() < deadline, "tenant {tenant} never settled");
@@ -61,6 +98,18 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
         }
         let decided = t0.elapsed().as_secs_f64();
         let (decided_rate, accepted_rate) = (orders as f64 / decided, orders as f64 / posted);
+        tokio::time::sleep(STATS_FLUSH).await;
+        let mut spent = cost::between(&from, &cost::snapshot(&admin, layout.name, &procs).await?);
+        *spent.xacts.entry("orders".into()).or_default() -= polls;
+        cost_rows(
+            t,
+            latency_ms,
+            &spent,
+            &idle,
+            idle_secs,
+            t0.elapsed().as_secs_f64(),
+            orders as f64,
+        );
         println!(
             "   provider {latency_ms} ms: {decided_rate:.0} decided/s, {accepted_rate:.0} accepted/s"
         );
@@ -112,4 +161,69 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
         .collect();
     reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
     Ok(())
+}
+
+/// The cost map of one round: transactions per service, CPU per role.
+fn cost_rows(
+    t: &mut Table,
+    latency_ms: u64,
+    spent: &cost::Cost,
+    idle: &cost::Cost,
+    idle_secs: f64,
+    secs: f64,
+    orders: f64,
+) {
+    let xacts = spent.xacts_per_order(idle, idle_secs, secs, orders);
+    let total: f64 = xacts.values().sum();
+    let list = |m: &std::collections::BTreeMap<String, f64>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "   transactions per decided order: {total:.1} ({})",
+        list(&xacts)
+    );
+    t.row([
+        &format!("transactions per decided order, provider {latency_ms} ms (pg_stat_database, less idle polling)"),
+        &format!("{total:.1}: {}", list(&xacts)),
+        "",
+        "",
+        "<= 10",
+    ]);
+    let stack = spent.cpu_ms_per_order(orders, |k| {
+        if k.starts_with("postgres: ") || k == "rabbitmq" {
+            String::new()
+        } else {
+            cost::role(k).to_owned()
+        }
+    });
+    let pg = spent.cpu_ms_per_order(orders, |k| match k.strip_prefix("postgres: ") {
+        Some(_) => cost::role(k).to_owned(),
+        None => String::new(),
+    });
+    let part = |m: &std::collections::BTreeMap<String, f64>| -> (f64, String) {
+        let m: std::collections::BTreeMap<String, f64> = m
+            .iter()
+            .filter(|(k, _)| !k.is_empty())
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        (m.values().sum(), list(&m))
+    };
+    let ((stack_ms, stack_list), (pg_ms, pg_list)) = (part(&stack), part(&pg));
+    let broker_ms = spent.cpu.get("rabbitmq").copied().unwrap_or(0.0) * 1000.0 / orders;
+    let all = stack_ms + pg_ms + broker_ms;
+    println!(
+        "   CPU per decided order: {all:.1} ms: stack {stack_ms:.1} ({stack_list}), PostgreSQL {pg_ms:.1} ({pg_list}), RabbitMQ {broker_ms:.1}"
+    );
+    t.row([
+        &format!("CPU per decided order, provider {latency_ms} ms"),
+        &format!(
+            "{all:.1} ms: processes {stack_ms:.1} ({stack_list}); PostgreSQL {pg_ms:.1} (backends of {pg_list}); RabbitMQ {broker_ms:.1}"
+        ),
+        &format!("{:.0} decided per core-second", 1000.0 / all.max(0.001)),
+        "",
+        "",
+    ]);
 }

@@ -22,7 +22,7 @@ pub const CONSUMERS: [&str; 4] = [
     "payments.charges",
     "projection.views",
 ];
-const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
+pub const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
 pub const SECRET: &str = "cluster-secret";
 
 /// Where a run lives: databases `{name}_orders`…, exchange `{name}.events`,

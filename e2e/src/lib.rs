@@ -6,6 +6,7 @@
 pub mod check;
 pub mod cluster;
 pub mod hosts;
+pub mod pooler;
 pub mod procs;
 pub mod untouched;
 pub mod world;

@@ -243,6 +243,14 @@ impl Cluster {
     }
 
     /// The resident set (KiB) of `name` now, if it runs.
+    /// The OS pid of every process that runs.
+    pub fn pids(&self) -> BTreeMap<String, u32> {
+        self.procs
+            .values()
+            .filter_map(|p| Some((p.name.clone(), p.child.as_ref()?.id())))
+            .collect()
+    }
+
     pub fn rss_kib(&self, name: &str) -> Option<u64> {
         let pid = self.procs.get(name)?.child.as_ref()?.id();
         status_kib(&pid.to_string(), "VmRSS:")

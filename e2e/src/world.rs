@@ -9,13 +9,15 @@
 //! refuses root; elsewhere everything runs as the invoking user.
 
 use crate::hosts::{Host, Link};
+use crate::pooler::Pooler;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// First port of the world (`E2E_WORLD_PORT`): broker nodes at +1..=3
-/// (their Erlang distribution at +11..=13), PostgreSQL at +32, epmd at +69.
+/// (their Erlang distribution at +11..=13), PostgreSQL at +32, PgBouncer
+/// at +33, epmd at +69.
 pub const DEFAULT_PORT_BASE: u16 = 25400;
 /// How long a broker node may take to boot, or the cluster to form.
 const BOOT: Duration = Duration::from_secs(120);
@@ -31,6 +33,8 @@ pub struct World {
     keep_logs: PathBuf,
     /// A separate host, where network namespaces can be made.
     host: Option<Host>,
+    /// PgBouncer in front of PostgreSQL, in the `e2e-pgbouncer` profile.
+    pooler: Option<Pooler>,
 }
 
 struct Postgres {
@@ -98,7 +102,7 @@ fn which_dir(program: &str) -> Option<PathBuf> {
         .and_then(|path| std::env::split_paths(&path).find(|dir| dir.join(program).is_file()))
 }
 
-fn check(out: std::io::Result<Output>, what: &str) -> anyhow::Result<String> {
+pub(crate) fn check(out: std::io::Result<Output>, what: &str) -> anyhow::Result<String> {
     let out = out.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
     anyhow::ensure!(
         out.status.success(),
@@ -140,6 +144,7 @@ impl World {
             Some(_) => format!("127.0.0.1,{}", Host::server_addr(Link::Postgres)),
             None => "127.0.0.1".to_owned(),
         };
+        let pooler = Pooler::from_env(&root, base + 33, listen.clone(), base + 32, run_as);
         let pg = Postgres {
             bin: pg_bindir()?,
             data: root.join("pg/data"),
@@ -162,6 +167,7 @@ impl World {
             epmd_port: base + 69,
             keep_logs,
             host,
+            pooler,
         })
     }
 
@@ -176,6 +182,7 @@ impl World {
             .iter()
             .flat_map(|n| [n.amqp_port, n.dist_port])
             .chain([world.pg.port, world.epmd_port])
+            .chain(world.pooler.as_ref().map(|p| p.port))
             .collect();
         // What a removed world held is let go within moments.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -192,12 +199,20 @@ impl World {
             host.create()?;
         }
         world.create_postgres()?;
+        if let Some(pooler) = &world.pooler {
+            pooler.create()?;
+        }
         world.create_rabbit()
     }
 
     /// A superuser URL of the world's PostgreSQL.
     pub fn database_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg.port)
+    }
+
+    /// PgBouncer's `host:port` (`DB_POOLER`), in the `e2e-pgbouncer` profile.
+    pub fn pooler(&self) -> Option<&Pooler> {
+        self.pooler.as_ref()
     }
 
     /// Every node, comma-separated, as `broker::connect` takes them.
@@ -563,6 +578,11 @@ impl World {
                     .args(["-KILL", &pid.to_string()])
                     .output();
             }
+        }
+        if let Some(pooler) = &self.pooler {
+            pooler.stop();
+            let _ = std::fs::create_dir_all(&self.keep_logs);
+            let _ = std::fs::copy(pooler.log(), self.keep_logs.join("pgbouncer.log"));
         }
         if self.pg.data.join("postmaster.pid").exists() {
             let _ = self.pg_stop_immediate();

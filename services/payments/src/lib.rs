@@ -119,7 +119,8 @@ fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliabili
         client.clone(),
         config,
         common.fail_points()?,
-    );
+    )
+    .listen_on(dbs.relay.clone());
     let stop = tasks.shutdown();
     tasks.spawn("provider worker", async move { worker.run(stop).await });
     if psp.psp_reconcile_interval_secs > 0 {

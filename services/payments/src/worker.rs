@@ -139,6 +139,10 @@ impl Work {
 pub struct Worker {
     /// The runtime role: each item is handled under its own tenant.
     pool: PgPool,
+    /// Where the wake-up LISTEN runs: a session of its own, never through
+    /// a transaction-mode pooler (docs/adr/0026). The runtime pool by
+    /// default.
+    listen: PgPool,
     psp: Psp,
     config: WorkerConfig,
     fail_points: FailPoints,
@@ -147,6 +151,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(pool: PgPool, psp: Psp, config: WorkerConfig, fail_points: FailPoints) -> Self {
         Self {
+            listen: pool.clone(),
             pool,
             psp,
             config,
@@ -223,8 +228,15 @@ impl Worker {
         Ok(())
     }
 
+    /// Listens for new work on `pool` (the service's relay pool, which
+    /// always connects direct) instead of the runtime pool.
+    pub fn listen_on(mut self, pool: PgPool) -> Self {
+        self.listen = pool;
+        self
+    }
+
     async fn listen(&self) -> Option<PgListener> {
-        let mut l = match PgListener::connect_with(&self.pool).await {
+        let mut l = match PgListener::connect_with(&self.listen).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "provider worker cannot listen; polling only");

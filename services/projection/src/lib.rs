@@ -45,7 +45,11 @@ fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliabili
 
 /// `--rebuild-from`: reset the projection and replay the given sources.
 pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<rebuild::RebuildReport> {
-    let dbs = Databases::connect_lazy(&settings.database_url, &settings.common)?;
+    let dbs = Databases::connect_lazy(
+        &settings.database_url,
+        &settings.common,
+        "projection-rebuild",
+    )?;
     service::migrate_with_retry(&dbs.owner, &MIGRATIONS, &ShutdownToken::new()).await?;
     let mut sources = Vec::new();
     for item in &settings.service.rebuild_from {

@@ -36,7 +36,7 @@ const CUT: Duration = Duration::from_secs(90);
 fn host_env(env: &[(String, String)]) -> Vec<(String, String)> {
     env.iter()
         .filter_map(|(k, v)| {
-            let link = if k.ends_with("DATABASE_URL") {
+            let link = if k.ends_with("DATABASE_URL") || k == "DB_POOLER" {
                 Link::Postgres
             } else if k == "AMQP_URL" {
                 Link::Broker

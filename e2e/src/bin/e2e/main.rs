@@ -61,6 +61,7 @@ mod faults;
 mod hostile;
 mod money;
 mod partial;
+mod pooled;
 mod scale;
 mod servers;
 
@@ -111,7 +112,12 @@ fn main() -> anyhow::Result<()> {
     let dev_db = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let dev_amqp = amqp_url();
-    println!("making the world: PostgreSQL and a 3-node RabbitMQ cluster on spare ports");
+    let pooled = if world.pooler().is_some() {
+        ", PgBouncer in transaction mode in front of it"
+    } else {
+        ""
+    };
+    println!("making the world: PostgreSQL{pooled} and a 3-node RabbitMQ cluster on spare ports");
     let made = world.create();
     let status = made.and_then(|()| {
         println!(
@@ -232,6 +238,9 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
             skipped,
         });
     }
+    if let Some(pooler) = world.pooler() {
+        rows.push(pooled::row(pooler, &world.database_url(), Instant::now()));
+    }
     run.cluster.stop_all();
     rows.push(untouched_row(watch).await);
     let strict = std::env::var("E2E_STRICT").is_ok_and(|v| v == "1");
@@ -344,16 +353,18 @@ async fn setup(world: &'static World) -> anyhow::Result<Run> {
     // Provider calls: 6 in flight, 3 per tenant, so that a tenant's burst
     // against a slow provider meets the share at a load these 2 cores carry
     // in debug builds.
-    let (mut cluster, dbs) = cluster::launch(
-        &LAYOUT,
-        &[
-            ("RELAY_BACKOFF_MS", "200"),
-            ("RELAY_CONFIRM_TIMEOUT_MS", "2000"),
-            ("PSP_MAX_IN_FLIGHT", "6"),
-            ("PSP_TENANT_IN_FLIGHT", "3"),
-        ],
-    )
-    .await?;
+    let mut env = vec![
+        ("RELAY_BACKOFF_MS", "200".to_owned()),
+        ("RELAY_CONFIRM_TIMEOUT_MS", "2000".to_owned()),
+        ("PSP_MAX_IN_FLIGHT", "6".to_owned()),
+        ("PSP_TENANT_IN_FLIGHT", "3".to_owned()),
+    ];
+    // The e2e-pgbouncer profile: the runtime role through the pooler.
+    if let Some(pooler) = world.pooler() {
+        env.push(("DB_POOLER", format!("127.0.0.1:{}", pooler.port)));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut cluster, dbs) = cluster::launch(&LAYOUT, &env).await?;
     let base: Vec<String> = cluster.procs.keys().cloned().collect();
     // Extra relays, started by the scenario that runs several at once.
     for extra in ["orders-relay-2", "orders-relay-3"] {

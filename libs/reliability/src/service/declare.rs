@@ -4,7 +4,7 @@
 //! the same `main` and the same start, so a service's `lib.rs` is its
 //! declaration plus its domain.
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use sqlx::migrate::Migrator;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -148,7 +148,15 @@ pub async fn run<X: Args>(service: &'static Service<X>, settings: Settings<X>) -
         println!("{}", serde_json::to_string_pretty(&api)?);
         return Ok(());
     }
-    let dbs = Databases::connect_lazy(&settings.database_url, &settings.common)?;
+    let role = settings
+        .role
+        .to_possible_value()
+        .map_or_else(|| "all".to_owned(), |v| v.get_name().to_owned());
+    let dbs = Databases::connect_lazy(
+        &settings.database_url,
+        &settings.common,
+        &format!("{}-{role}", service.name),
+    )?;
     let app = start(service, settings, dbs, crate::shutdown::token()).await?;
     app.run_until_stopped().await
 }

@@ -13,7 +13,7 @@ use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::ConsumerConfig;
 use crate::failpoint::FailPoints;
 use crate::rate_limit::RateLimit;
-use crate::{Result, db};
+use crate::{Error, Result, db};
 
 use super::ServerLimits;
 
@@ -71,6 +71,13 @@ pub struct CommonSettings {
     /// Full URL for the owner role (migrations, maintenance); default: as `commerce_owner`.
     #[arg(long, env = "OWNER_DATABASE_URL")]
     pub owner_database_url: Option<String>,
+    /// A pooler in transaction mode (`host:port`; PgBouncer 1.21 or later,
+    /// with `max_prepared_statements` set) in place of the host and port of
+    /// the runtime role's URL. The relay and owner roles always connect
+    /// direct: they hold sessions (LISTEN, the migrator's advisory lock).
+    /// docs/adr/0026.
+    #[arg(long, env = "DB_POOLER")]
+    pub db_pooler: Option<String>,
     /// Crash points for tests, e.g. `relay.after_confirm=abort` (see `failpoint`).
     #[arg(long, env = "RELIABILITY_FAILPOINTS", default_value = "")]
     pub fail_points: String,
@@ -160,6 +167,7 @@ impl CommonSettings {
             app_database_url: None,
             relay_database_url: None,
             owner_database_url: None,
+            db_pooler: None,
             fail_points: String::new(),
             queue_prefix: String::new(),
             relay_backoff_ms: 30_000,
@@ -221,7 +229,6 @@ impl CommonSettings {
     }
 }
 
-/// The state every service's HTTP routes need: the runtime pool, the
 /// Which part of a service a process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Role {
@@ -253,7 +260,9 @@ impl Role {
     }
 }
 
-/// One pool per role on the service's database.
+/// One pool per role on the service's database. Only `app` may go through
+/// a pooler (`DB_POOLER`); `relay` and `owner` are sessions of their own,
+/// so whatever needs one (LISTEN) takes it from them.
 #[derive(Debug, Clone)]
 pub struct Databases {
     pub app: PgPool,
@@ -263,16 +272,21 @@ pub struct Databases {
 
 impl Databases {
     /// Pools that connect on first use, so a service starts (and reports
-    /// not ready) while its database is down.
-    pub fn connect_lazy(database_url: &str, common: &CommonSettings) -> Result<Self> {
+    /// not ready) while its database is down. Every session carries
+    /// `application` (e.g. `orders-consume`) as its `application_name`: in
+    /// `pg_stat_activity`, who holds what, and in the bench, what each
+    /// role costs PostgreSQL.
+    pub fn connect_lazy(
+        database_url: &str,
+        common: &CommonSettings,
+        application: &str,
+    ) -> Result<Self> {
         let role = |over: &Option<String>, role: &str| -> Result<PgConnectOptions> {
-            match over {
-                Some(url) => Ok(PgConnectOptions::from_str(url)?),
-                None => Ok(db::options_for_role(
-                    &PgConnectOptions::from_str(database_url)?,
-                    role,
-                )),
-            }
+            let options = match over {
+                Some(url) => PgConnectOptions::from_str(url)?,
+                None => db::options_for_role(&PgConnectOptions::from_str(database_url)?, role),
+            };
+            Ok(options.application_name(application))
         };
         let pool = |opts: PgConnectOptions, max| {
             PgPoolOptions::new()
@@ -280,11 +294,16 @@ impl Databases {
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with(opts)
         };
+        let mut app = role(&common.app_database_url, db::APP_ROLE)?;
+        if let Some(pooler) = &common.db_pooler {
+            let (host, port) = pooler
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .ok_or_else(|| Error::Config(format!("DB_POOLER is host:port, not {pooler:?}")))?;
+            app = app.host(host).port(port);
+        }
         Ok(Self {
-            app: pool(
-                role(&common.app_database_url, db::APP_ROLE)?,
-                common.db_pool_size,
-            ),
+            app: pool(app, common.db_pool_size),
             relay: pool(
                 role(&common.relay_database_url, db::RELAY_ROLE)?,
                 common.db_relay_pool_size,
@@ -294,5 +313,40 @@ impl Databases {
                 common.db_owner_pool_size,
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn only_the_runtime_role_goes_through_the_pooler() {
+        let common = CommonSettings {
+            db_pooler: Some("10.0.0.7:6432".into()),
+            ..CommonSettings::local()
+        };
+        let dbs =
+            Databases::connect_lazy("postgres://u@127.0.0.1:5432/orders", &common, "t").unwrap();
+        let at = |p: &PgPool| {
+            let o = p.connect_options();
+            (
+                o.get_host().to_owned(),
+                o.get_port(),
+                o.get_database().map(str::to_owned),
+            )
+        };
+        let orders = Some("orders".to_owned());
+        assert_eq!(at(&dbs.app), ("10.0.0.7".into(), 6432, orders.clone()));
+        assert_eq!(at(&dbs.relay), ("127.0.0.1".into(), 5432, orders.clone()));
+        assert_eq!(at(&dbs.owner), ("127.0.0.1".into(), 5432, orders));
+        assert_eq!(dbs.app.connect_options().get_username(), db::APP_ROLE);
+
+        let bad = CommonSettings {
+            db_pooler: Some("pgbouncer".into()),
+            ..CommonSettings::local()
+        };
+        let err = Databases::connect_lazy("postgres://u@127.0.0.1/orders", &bad, "t").unwrap_err();
+        assert!(err.to_string().contains("DB_POOLER is host:port"), "{err}");
     }
 }
