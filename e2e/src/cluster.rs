@@ -223,7 +223,8 @@ impl Client {
     }
 
     /// POSTs with the same key until the answer is known (a client that
-    /// retries timeouts, resets, 5xx and 425): the operation's outcome.
+    /// retries timeouts, resets, 5xx, 425 and 429, the last two after their
+    /// `Retry-After`, at most 1 s here): the operation's outcome.
     pub async fn post(
         &self,
         tenant: i64,
@@ -251,9 +252,17 @@ impl Client {
                 if let Some(c) = counter {
                     c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                if status < 500 && status != 425 {
+                if status < 500 && status != 425 && status != 429 {
                     return Ok((status, resp.json().await.unwrap_or(Value::Null)));
                 }
+                let wait = resp
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .map_or(Duration::ZERO, |s| {
+                        Duration::from_secs(s).min(Duration::from_secs(1))
+                    });
+                tokio::time::sleep(wait).await;
             }
             anyhow::ensure!(
                 Instant::now() < deadline,

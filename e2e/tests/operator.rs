@@ -127,7 +127,22 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         why.contains(&format!("OrderCancelled orders#{stuck_id}")) && why.contains("outbox DLQ"),
         "{why}"
     );
-    let s = status::status(&estate).await;
+    // Tenant 99 has two orders the saga never heard of, and a bound of 2.
+    for _ in 0..2 {
+        sqlx::query("INSERT INTO orders (tenant_id, customer_id, currency, total_cents) VALUES (99, 'c', 'EUR', 1)")
+            .execute(&stack.dbs.orders.owner)
+            .await
+            .unwrap();
+    }
+    let limits =
+        reliability::admission::AdmissionLimits::parse(1000, "99=2", Duration::ZERO).unwrap();
+    let work = [status::WorkInFlight {
+        service: "orders",
+        table: "orders",
+        in_flight: "status = 'pending'",
+    }];
+    let mut s = status::status(&estate).await;
+    status::admission(&estate, &work, &limits, &mut s).await;
     assert!(
         s.problems
             .iter()
@@ -135,6 +150,19 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         "{:?}",
         s.problems
     );
+    assert!(
+        s.problems.iter().any(
+            |p| p.starts_with("orders: tenant 99 is at its admission bound (2 in flight of 2)")
+        ),
+        "{:?}",
+        s.problems
+    );
+    let line = s
+        .admission
+        .iter()
+        .find(|a| a.tenant_id == 99)
+        .expect("tenant 99 shown");
+    assert_eq!((line.in_flight, line.bound), (2, 2));
     // Connections counted against the server's limit, per service database.
     assert_eq!(s.connections.len(), 4, "{:?}", s.connections);
     for c in &s.connections {

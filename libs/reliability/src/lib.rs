@@ -14,6 +14,7 @@
 //!
 //! The invariants these serve are in `ARCHITECTURE.md`; each module says which.
 
+pub mod admission;
 pub mod auth;
 pub mod broker;
 pub mod consumer;

@@ -20,9 +20,19 @@ use utoipa_axum::routes;
 use crate::Error;
 use crate::domain::{self, NewOrder, OrderId};
 
+/// A tenant's orders the saga has not decided, those created since the
+/// last count's mark (µs since the epoch), and the new mark: what
+/// admission counts before `POST /orders` claims its key (docs/adr/0027).
+/// Served by the indexes of migration 1003.
+const IN_FLIGHT: &str = "SELECT (SELECT count(*) FROM orders WHERE status = 'pending'), \
+     (SELECT count(*) FROM orders WHERE created_at > to_timestamp($1::bigint / 1000000.0)), \
+     (extract(epoch FROM now()) * 1000000)::bigint";
+
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()
         .routes(routes!(place_order))
+        // Only placing an order waits on the saga; reads are never gated.
+        .route_layer(state.backlog(IN_FLIGHT))
         .routes(routes!(get_order))
         .with_state(state)
 }

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::claim::{Claim, claim, still_in_flight};
 use super::{HEADER, IdempotencyConfig, Idempotent};
+use crate::admission::Backlog;
 use crate::auth::JwtKeys;
 use crate::http::ApiError;
 use crate::{Result, TenantId};
@@ -67,6 +68,7 @@ where
             .get::<MatchedPath>()
             .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
         let scope = format!("{} {route}", parts.method);
+        let backlog = parts.extensions.get::<Backlog>().cloned();
 
         let bytes = Bytes::from_request(Request::from_parts(parts, body), state)
             .await
@@ -103,6 +105,17 @@ where
                 "too many requests for this tenant; retry later",
             )
             .with_retry_after(u32::try_from(wait.as_secs() + 1).unwrap_or(u32::MAX))
+            .into_response());
+        }
+        if let Some(backlog) = backlog
+            && let Err(secs) = backlog.admit(tenant).await
+        {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "backlog_full",
+                "this tenant has as much work in flight as it may have; retry later",
+            )
+            .with_retry_after(secs)
             .into_response());
         }
         let Some(in_flight) = config.enter((tenant, scope.clone(), key.clone())).await else {

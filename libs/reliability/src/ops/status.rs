@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::Estate;
-use crate::{broker, maintenance, relay};
+use crate::admission::AdmissionLimits;
+use crate::{TenantId, broker, maintenance, relay};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -16,6 +17,9 @@ pub struct Status {
     pub connections: Vec<ConnectionsLine>,
     pub consumers: Vec<ConsumerLine>,
     pub maintenance: Vec<MaintenanceLine>,
+    /// The tenants with the most work in flight, against their admission
+    /// bound ([`admission`]; empty until it is asked for).
+    pub admission: Vec<AdmissionLine>,
     /// What needs an operator, one sentence each; empty when all is well.
     pub problems: Vec<String>,
 }
@@ -38,6 +42,74 @@ pub struct ConnectionsLine {
     pub server: i64,
     /// What the server lets non-superusers open.
     pub server_max: i64,
+}
+
+/// Where a service keeps work it has accepted and not yet decided: the
+/// table, and the condition of a row in flight (an index serves it).
+pub struct WorkInFlight {
+    pub service: &'static str,
+    pub table: &'static str,
+    pub in_flight: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AdmissionLine {
+    pub service: String,
+    pub tenant_id: i64,
+    pub in_flight: i64,
+    /// 0: no bound.
+    pub bound: u32,
+}
+
+/// Tenants shown per service: the ones with the most in flight.
+const ADMISSION_TOP: i64 = 5;
+
+/// Adds the tenants with the most work in flight per service to `status`,
+/// each against its bound (the services' `ADMISSION_*` settings), and a
+/// problem for each tenant at its bound: its new work is being refused.
+pub async fn admission(
+    estate: &Estate,
+    work: &[WorkInFlight],
+    limits: &AdmissionLimits,
+    status: &mut Status,
+) {
+    for w in work {
+        let Some(pool) = estate.database(w.service) else {
+            continue;
+        };
+        // Table and condition come from the caller's constant list.
+        let sql = format!(
+            "SELECT tenant_id, count(*) FROM {} WHERE {} GROUP BY tenant_id ORDER BY 2 DESC, 1 LIMIT {ADMISSION_TOP}",
+            w.table, w.in_flight
+        );
+        let rows: Vec<(i64, i64)> = match sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_all(pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                status
+                    .problems
+                    .push(format!("{}: work in flight not counted: {e}", w.service));
+                continue;
+            }
+        };
+        for (tenant_id, in_flight) in rows {
+            let bound = TenantId::new(tenant_id).map_or(limits.default, |t| limits.bound(t));
+            if bound > 0 && in_flight >= i64::from(bound) {
+                status.problems.push(format!(
+                    "{}: tenant {tenant_id} is at its admission bound ({in_flight} in flight of {bound}): its new work gets 429 until the pipeline decides some",
+                    w.service
+                ));
+            }
+            status.admission.push(AdmissionLine {
+                service: w.service.to_owned(),
+                tenant_id,
+                in_flight,
+                bound,
+            });
+        }
+    }
 }
 
 /// Past this share of the server's connections, new pools will wait.
@@ -162,6 +234,7 @@ pub async fn status(estate: &Estate) -> Status {
         connections: conns,
         consumers,
         maintenance: runs,
+        admission: Vec::new(),
         problems,
     }
 }

@@ -18,6 +18,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use crate::admission::{AdmissionLimits, Backlog};
 use crate::auth::JwtKeys;
 use crate::health::Health;
 use crate::http::ApiError;
@@ -35,6 +36,8 @@ pub struct ApiState {
     pub pool: PgPool,
     pub idempotency: IdempotencyConfig,
     pub jwt: JwtKeys,
+    /// Bounds for the routes a service gates with a [`Backlog`].
+    pub admission: AdmissionLimits,
 }
 
 impl ApiState {
@@ -43,7 +46,20 @@ impl ApiState {
             idempotency: IdempotencyConfig::new(pool.clone()),
             pool,
             jwt,
+            admission: AdmissionLimits::default(),
         }
+    }
+
+    #[must_use]
+    pub fn with_admission(mut self, limits: AdmissionLimits) -> Self {
+        self.admission = limits;
+        self
+    }
+
+    /// The gate of a route whose work the pipeline decides later, counted
+    /// by the service's `sql` (see [`Backlog`]); layer it on that route.
+    pub fn backlog(&self, sql: &'static str) -> axum::Extension<Backlog> {
+        axum::Extension(Backlog::new(self.pool.clone(), self.admission.clone(), sql))
     }
 
     #[must_use]

@@ -101,7 +101,7 @@ pub fn document(api: &mut utoipa::openapi::OpenApi, name: &str) {
                     ),
                     (
                         "429",
-                        "over the tenant's rate limit; nothing was run, see Retry-After",
+                        "over the tenant's rate limit, or (`backlog_full`) at its bound of work in flight; nothing was run, see Retry-After",
                     ),
                 ]);
             } else {

@@ -211,7 +211,9 @@ pub async fn launch(
         let listener = bind(common, spec.port).await?;
         port = local_port(&listener)?;
         ops_port = port;
-        let state = ApiState::new(dbs.app.clone(), jwt).with_rate_limit(common.rate_limit());
+        let state = ApiState::new(dbs.app.clone(), jwt)
+            .with_rate_limit(common.rate_limit())
+            .with_admission(common.admission()?);
         let (routes, mut api) = (spec.routes)(state).split_for_parts();
         document(&mut api, spec.name);
         let api = std::sync::Arc::new(api);

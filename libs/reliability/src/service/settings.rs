@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use crate::admission::AdmissionLimits;
 use crate::auth::{AuthSettings, JwtKeys};
 use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::ConsumerConfig;
@@ -125,6 +126,19 @@ pub struct CommonSettings {
     /// process, sustained; over it: 429 with `Retry-After`. 0: no limit.
     #[arg(long, env = "RATE_LIMIT_PER_SEC", default_value_t = 1000)]
     pub rate_limit_per_sec: u32,
+    /// Work in flight (accepted, not yet decided: an order before it is
+    /// confirmed or cancelled) a tenant may have; at it, the routes that
+    /// start such work answer 429 with `Retry-After` from the rate its work
+    /// is decided (docs/adr/0027). 0: no bound.
+    #[arg(long, env = "ADMISSION_MAX_IN_FLIGHT", default_value_t = 1000)]
+    pub admission_max_in_flight: u32,
+    /// Tenants with a bound of their own: `tenant=bound,...` (e.g. `7=100,9=5000`).
+    #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
+    pub admission_tenant_max_in_flight: String,
+    /// How old, in ms, the count of a tenant's work in flight may be;
+    /// each serving process counts at most this often per tenant.
+    #[arg(long, env = "ADMISSION_REFRESH_MS", default_value_t = 500)]
+    pub admission_refresh_ms: u64,
     /// Writes a tenant may make at once above the sustained rate.
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
     pub rate_limit_burst: u32,
@@ -180,6 +194,9 @@ impl CommonSettings {
             ops_port: None,
             rate_limit_per_sec: 1000,
             rate_limit_burst: 2000,
+            admission_max_in_flight: 1000,
+            admission_tenant_max_in_flight: String::new(),
+            admission_refresh_ms: 500,
             http_header_timeout_secs: 10,
             http_request_timeout_secs: 30,
             openapi: false,
@@ -207,6 +224,14 @@ impl CommonSettings {
             per_sec: self.rate_limit_per_sec,
             burst: self.rate_limit_burst,
         }
+    }
+
+    pub fn admission(&self) -> Result<AdmissionLimits> {
+        AdmissionLimits::parse(
+            self.admission_max_in_flight,
+            &self.admission_tenant_max_in_flight,
+            Duration::from_millis(self.admission_refresh_ms),
+        )
     }
 
     pub fn fail_points(&self) -> Result<FailPoints> {

@@ -1,6 +1,7 @@
 //! orders against the real PostgreSQL: every rule of the HTTP contract, and
 //! the saga's decisions.
 
+mod admission;
 mod api;
 mod appliers;
 mod ops;
@@ -20,8 +21,14 @@ pub struct TestApp {
 
 impl TestApp {
     pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// With settings of its own (e.g. admission bounds).
+    pub async fn spawn_with(settings: impl FnOnce(&mut CommonSettings)) -> Self {
         let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
         let mut common = CommonSettings::local();
+        settings(&mut common);
         common.exchange = unique("reltest.orders.");
         let jwt = common.jwt_keys();
         let settings = Settings {

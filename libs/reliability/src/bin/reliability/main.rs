@@ -114,6 +114,12 @@ enum Command {
     Status {
         #[command(flatten)]
         estate: Estate,
+        /// The services' bound of work in flight per tenant (as they read it).
+        #[arg(long, env = "ADMISSION_MAX_IN_FLIGHT", default_value_t = 1000)]
+        admission_max_in_flight: u32,
+        /// Tenants with a bound of their own: `tenant=bound,...`.
+        #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
+        admission_tenant_max_in_flight: String,
     },
     /// Where something is in the system, and where it is stuck.
     Explain {
@@ -200,6 +206,13 @@ enum Explain {
         estate: Estate,
     },
 }
+
+/// Work accepted and not yet decided, which admission bounds (docs/adr/0027).
+const WORK_IN_FLIGHT: &[ops::status::WorkInFlight] = &[ops::status::WorkInFlight {
+    service: "orders",
+    table: "orders",
+    in_flight: "status = 'pending'",
+}];
 
 /// Where an order has rows: (service, table), each keyed by `order_id`.
 const ORDER_TABLES: &[(&str, &str)] = &[
@@ -291,9 +304,20 @@ async fn main() -> anyhow::Result<()> {
                 println!("queue {}: bound to {}", q.queue, q.bindings.join(", "));
             }
         }
-        Command::Status { estate } => {
+        Command::Status {
+            estate,
+            admission_max_in_flight,
+            admission_tenant_max_in_flight,
+        } => {
+            let limits = reliability::admission::AdmissionLimits::parse(
+                admission_max_in_flight,
+                &admission_tenant_max_in_flight,
+                std::time::Duration::ZERO,
+            )?;
             let estate = estate.open().await?;
-            render::status(json, &ops::status::status(&estate).await)?;
+            let mut status = ops::status::status(&estate).await;
+            ops::status::admission(&estate, WORK_IN_FLIGHT, &limits, &mut status).await;
+            render::status(json, &status)?;
         }
         Command::Explain {
             what:

@@ -121,6 +121,23 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
     if status.maintenance.is_empty() {
         println!("(no maintenance has run yet)");
     }
+    if !status.admission.is_empty() {
+        println!(
+            "\n{:<12} {:>10} {:>10} {:>8}",
+            "ADMISSION", "tenant", "in flight", "bound"
+        );
+        for a in &status.admission {
+            let bound = if a.bound == 0 {
+                "none".to_owned()
+            } else {
+                a.bound.to_string()
+            };
+            println!(
+                "{:<12} {:>10} {:>10} {:>8}",
+                a.service, a.tenant_id, a.in_flight, bound
+            );
+        }
+    }
     println!();
     if status.problems.is_empty() {
         println!("nothing stuck");

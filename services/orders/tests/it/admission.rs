@@ -1,0 +1,114 @@
+//! Admission that follows the pipeline (docs/adr/0027): a tenant at its
+//! bound of orders in flight is refused before its key is claimed, with a
+//! `Retry-After`; other tenants, reads, and the same tenant once an order
+//! is decided, are served.
+
+use reliability::testing::Answer;
+
+use crate::{ORDER, TestApp};
+
+/// Tenant 7 may have 3 orders undecided; everyone else the default.
+const BOUNDED: i64 = 7;
+
+async fn place_raw(app: &TestApp, tenant: i64, key: &str) -> (u16, Option<u32>, String) {
+    let resp = app
+        .api
+        .http
+        .post(format!("{}/orders", app.api.url))
+        .bearer_auth(app.api.token(tenant))
+        .header("Idempotency-Key", key)
+        .header("content-type", "application/json")
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    let code = body["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    (status, retry_after, code)
+}
+
+async fn keys_of(app: &TestApp, tenant: i64, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1 AND key = $2")
+        .bind(tenant)
+        .bind(key)
+        .fetch_one(&app.db.owner)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_tenant_at_its_bound_is_refused_before_its_key_is_claimed_and_others_are_served() {
+    let app = TestApp::spawn_with(|c| {
+        c.admission_tenant_max_in_flight = format!("{BOUNDED}=3");
+        // Counted on every request, so the test sees each order at once.
+        c.admission_refresh_ms = 0;
+    })
+    .await;
+    let mut placed = Vec::new();
+    for i in 0..3 {
+        let (status, _, order): Answer = app.place(BOUNDED, &format!("k{i}"), ORDER).await;
+        assert_eq!(status, 201, "{order}");
+        placed.push(order["order_id"].clone());
+    }
+
+    let (status, retry_after, code) = place_raw(&app, BOUNDED, "k3").await;
+    assert_eq!((status, code.as_str()), (429, "backlog_full"));
+    let secs = retry_after.expect("a Retry-After");
+    assert!((1..=60).contains(&secs), "Retry-After {secs}");
+    assert_eq!(
+        keys_of(&app, BOUNDED, "k3").await,
+        0,
+        "the key was not claimed"
+    );
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
+        .bind(BOUNDED)
+        .fetch_one(&app.db.owner)
+        .await
+        .unwrap();
+    assert_eq!(orders, 3, "the refused order wrote nothing");
+
+    // Another tenant is accepted; reads are never gated.
+    assert_eq!(app.place(8, "k3", ORDER).await.0, 201);
+    let (status, _) = app
+        .get(
+            BOUNDED,
+            &format!(
+                "/orders/{}",
+                placed[0]
+                    .as_str()
+                    .map_or_else(|| placed[0].to_string(), str::to_owned)
+            ),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    // The saga decides one: the refused key now runs afresh.
+    sqlx::query("UPDATE orders SET status = 'confirmed' WHERE tenant_id = $1 AND order_id = (SELECT min(order_id) FROM orders WHERE tenant_id = $1)")
+        .bind(BOUNDED)
+        .execute(&app.db.owner)
+        .await
+        .unwrap();
+    let (status, replayed, _) = app.place(BOUNDED, "k3", ORDER).await;
+    assert_eq!((status, replayed), (201, false));
+
+    let metrics = app
+        .api
+        .http
+        .get(format!("{}/metrics", app.api.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("admission_refused_total"), "{metrics}");
+    app.stop().await;
+}
