@@ -26,8 +26,8 @@ impl<H: Handler> Consumer<H> {
         lane: Lane,
     ) -> Result<Outcome, ApplyError> {
         let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
-        self.lock_aggregates(&mut tx, &[event]).await?;
-        let fresh = self.record(&mut tx, &[event], lane).await?;
+        let locks = self.lock_keys(&[event]);
+        let fresh = self.record(&mut tx, &[event], lane, &locks).await?;
         let outcome = if fresh.is_empty() {
             Outcome::Duplicate
         } else {
@@ -61,12 +61,16 @@ impl<H: Handler> Consumer<H> {
         order.sort_by_key(|&i| group[i].1.tenant_id);
         let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
         let all: Vec<&Envelope> = group.iter().map(|(_, e)| e).collect();
-        self.lock_aggregates(&mut tx, &all).await?;
+        // Every aggregate of the group, locked by the first tenant's record
+        // statement, before any record of any tenant.
+        let mut locks = self.lock_keys(&all);
         let mut outcomes = vec![Outcome::Duplicate; group.len()];
         for run in order.chunk_by(|&a, &b| group[a].1.tenant_id == group[b].1.tenant_id) {
             tx.rescope(tenant_of(&group[run[0]].1)?).await?;
             let events: Vec<&Envelope> = run.iter().map(|&i| &group[i].1).collect();
-            let mut fresh = self.record(&mut tx, &events, lane).await?;
+            let mut fresh = self
+                .record(&mut tx, &events, lane, &std::mem::take(&mut locks))
+                .await?;
             let to_apply: Vec<usize> = run
                 .iter()
                 .copied()
@@ -91,15 +95,10 @@ impl<H: Handler> Consumer<H> {
         Ok(outcomes)
     }
 
-    /// Takes the transaction-scoped advisory lock of every aggregate the
-    /// events change, in ascending key order, in one statement. A key is
-    /// the consumer, the tenant and the handler's lock key, hashed: the
-    /// same in every process.
-    async fn lock_aggregates(
-        &self,
-        tx: &mut TenantTx,
-        events: &[&Envelope],
-    ) -> Result<(), ApplyError> {
+    /// The advisory lock key of every aggregate the events change, sorted
+    /// and unique: the consumer, the tenant and the handler's lock key,
+    /// hashed, the same in every process. [`Self::record`] takes them.
+    fn lock_keys(&self, events: &[&Envelope]) -> Vec<i64> {
         let mut keys: Vec<i64> = events
             .iter()
             .filter_map(|e| {
@@ -108,31 +107,30 @@ impl<H: Handler> Consumer<H> {
                     .map(|k| lock_id(&self.config.name, e.tenant_id, &k))
             })
             .collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
         keys.sort_unstable();
         keys.dedup();
-        // PostgreSQL evaluates volatile output expressions after ORDER BY,
-        // so the locks are taken in this order.
-        sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k")
-            .bind(&keys)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
+        keys
     }
 
-    /// One statement for any number of one tenant's events: the dedup
-    /// records (the ones that already exist are duplicates) and, per
-    /// source, the lane's progress stripe (highest id seen, events applied,
-    /// duplicates absorbed; shown by `reliability offsets` and the e2e
-    /// table). Returns the `(source, id)` pairs recorded now: the events to
-    /// apply.
+    /// One statement for any number of one tenant's events: first the
+    /// transaction-scoped advisory locks `locks` (ascending: the lock
+    /// order of every applier), then the dedup records (the ones that
+    /// already exist are duplicates) and, per source, the lane's progress
+    /// stripe (highest id seen, events applied, duplicates absorbed; shown
+    /// by `reliability offsets` and the e2e table). Returns the
+    /// `(source, id)` pairs recorded now: the events to apply.
+    ///
+    /// The locks are an InitPlan of the insert's source: PostgreSQL runs it
+    /// once, before the first row is inserted, and evaluates volatile
+    /// output expressions after ORDER BY, so they are taken in key order
+    /// before any record, as a statement of their own would (one round trip
+    /// fewer per apply).
     async fn record(
         &self,
         tx: &mut TenantTx,
         events: &[&Envelope],
         lane: Lane,
+        locks: &[i64],
     ) -> Result<HashSet<(String, i64)>, ApplyError> {
         let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
@@ -142,6 +140,9 @@ impl<H: Handler> Consumer<H> {
              ), fresh AS (
                  INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
                  SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
+                 WHERE (SELECT count(*) FROM (
+                          SELECT pg_advisory_xact_lock(k) FROM unnest($6::bigint[]) AS u(k) ORDER BY k
+                        ) AS locked) >= 0
                  ORDER BY source, message_id -- one lock order for concurrent appliers
                  ON CONFLICT DO NOTHING
                  RETURNING source, message_id
@@ -165,6 +166,7 @@ impl<H: Handler> Consumer<H> {
         .bind(&sources)
         .bind(&ids)
         .bind(lane.stripe)
+        .bind(locks)
         .fetch_all(&mut **tx)
         .await?;
         Ok(fresh.into_iter().collect())
