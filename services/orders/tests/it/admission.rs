@@ -99,16 +99,7 @@ async fn a_tenant_at_its_bound_is_refused_before_its_key_is_claimed_and_others_a
     let (status, replayed, _) = app.place(BOUNDED, "k3", ORDER).await;
     assert_eq!((status, replayed), (201, false));
 
-    let metrics = app
-        .api
-        .http
-        .get(format!("{}/metrics", app.api.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(metrics.contains("admission_refused_total"), "{metrics}");
     app.stop().await;
 }

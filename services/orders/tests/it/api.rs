@@ -263,16 +263,7 @@ async fn health_readiness_and_metrics_need_no_token() {
         "Idempotency-Key"
     );
     app.place(1, "m", ORDER).await;
-    let text = app
-        .api
-        .http
-        .get(format!("{}/metrics", app.api.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     assert!(
         text.contains(r#"http_requests_total{method="POST",route="/orders",status="201"}"#),
         "{text}"

@@ -48,6 +48,13 @@ impl TestApp {
         self.api.post(tenant, "/orders", key, body).await
     }
 
+    /// The process's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.api.url);
+        let resp = self.api.http.get(url).send().await.unwrap();
+        resp.text().await.unwrap()
+    }
+
     pub async fn get(&self, tenant: i64, path: &str) -> (u16, Value) {
         self.api.get(tenant, path).await
     }
