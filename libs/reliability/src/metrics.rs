@@ -128,6 +128,9 @@ pub const CATALOGUE: &[Metric] = &[
     m(HTTP_REQUEST_DURATION, Histogram, &["method", "route"], "HTTP request latency."),
     m(HTTP_RATE_LIMITED, Counter, &["scope"], "Requests refused by the per-tenant rate limit (429)."),
     m(HTTP_UNAVAILABLE, Counter, &[], "Requests answered 503 because a dependency was unavailable."),
+    m(crate::admission::ADMITTED, Counter, &[], "Requests a gated route admitted: the tenant was under its bound of work in flight."),
+    m(crate::admission::REFUSED, Counter, &[], "Requests a gated route refused (429 backlog_full): the tenant was at its bound of work in flight."),
+    m(crate::admission::UNKNOWN, Counter, &[], "Requests admitted because the tenant's work in flight could not be counted."),
     m(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
     m(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
 ];
