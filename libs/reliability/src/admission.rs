@@ -142,17 +142,29 @@ impl Backlog {
             })
         };
         if let Some(mark) = mark {
+            // Let go of the refresh even if this request is dropped
+            // mid-count (a client gone, a request timeout): else no one
+            // would count this tenant again.
+            let refreshing = Refreshing {
+                tenants: &self.tenants,
+                tenant,
+            };
             let counted = self.count(tenant, mark).await;
-            let mut tenants = self.tenants.lock().expect("admission state");
-            let seen = tenants.entry(tenant).or_default();
-            seen.refreshing = false;
+            drop(refreshing);
             match counted {
-                Ok((in_flight, created, mark)) => seen.update(in_flight, created, mark),
+                Ok((in_flight, created, mark)) => {
+                    let mut tenants = self.tenants.lock().expect("admission state");
+                    tenants
+                        .entry(tenant)
+                        .or_default()
+                        .update(in_flight, created, mark);
+                }
                 Err(e) => {
                     // The claim that follows meets the same database: it
                     // answers 503 if it is down. Unknown is not a refusal.
                     tracing::warn!(tenant_id = %tenant, error = %e, "admission: the backlog could not be counted");
                     metrics::counter!(UNKNOWN).increment(1);
+                    return Ok(());
                 }
             }
         }
@@ -180,12 +192,25 @@ impl Backlog {
         tx.commit().await?;
         Ok(counted)
     }
+}
 
-    /// The tenant's work in flight as this process counts it, for tests and
-    /// operators.
-    pub fn in_flight(&self, tenant: TenantId) -> Option<i64> {
-        let tenants = self.tenants.lock().expect("admission state");
-        tenants.get(&tenant).map(|s| s.in_flight + s.admitted)
+/// A tenant's refresh in progress, ended when dropped.
+struct Refreshing<'a> {
+    tenants: &'a Mutex<HashMap<TenantId, Seen>>,
+    tenant: TenantId,
+}
+
+impl Drop for Refreshing<'_> {
+    fn drop(&mut self) {
+        if let Some(seen) = self
+            .tenants
+            .lock()
+            .ok()
+            .as_mut()
+            .and_then(|t| t.get_mut(&self.tenant))
+        {
+            seen.refreshing = false;
+        }
     }
 }
 
@@ -229,6 +254,46 @@ mod tests {
         assert_eq!(retry_after(1, 100.0), 1);
         assert_eq!(retry_after(10_000, 1.0), MAX_RETRY_AFTER_SECS);
         assert_eq!(retry_after(3, 0.0), MAX_RETRY_AFTER_SECS);
+    }
+
+    /// A gate whose database is at `host:port`.
+    fn gate(host: &str, port: u16, bound: u32) -> Backlog {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_lazy_with(
+                sqlx::postgres::PgConnectOptions::new()
+                    .host(host)
+                    .port(port),
+            );
+        let limits = AdmissionLimits {
+            default: bound,
+            ..AdmissionLimits::default()
+        };
+        Backlog::new(pool, limits, "SELECT 0::bigint, 0::bigint, 0::bigint")
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_mid_count_lets_go_of_the_refresh() {
+        // Accepts connections (the kernel's backlog) and never answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let backlog = gate("127.0.0.1", silent.local_addr().unwrap().port(), 10);
+        let tenant = TenantId::new(1).unwrap();
+        let cut = tokio::time::timeout(Duration::from_millis(20), backlog.admit(tenant)).await;
+        assert!(cut.is_err(), "the count was still running");
+        let tenants = backlog.tenants.lock().unwrap();
+        assert!(
+            !tenants[&tenant].refreshing,
+            "the next request may count again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_backlog_that_cannot_be_counted_refuses_no_one() {
+        let backlog = gate("127.0.0.1", 1, 1);
+        let tenant = TenantId::new(1).unwrap();
+        for _ in 0..3 {
+            assert_eq!(backlog.admit(tenant).await, Ok(()));
+        }
     }
 
     #[test]
