@@ -112,9 +112,15 @@ e2e-pgbouncer: ## the whole e2e suite once more with the runtime role through Pg
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
 SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim
 
-bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, about 4 min after the build); rewrites docs/benchmarks.md
+# The saga also runs through a build of the main issue 24 was written
+# against, in the same run (BENCH_BASELINE_REV=none skips it).
+BENCH_BASELINE_REV ?= 953eb30
+
+bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, about 10 min after the build); rewrites docs/benchmarks.md
+	if [ "$(BENCH_BASELINE_REV)" != none ]; then scripts/bench-baseline.sh $(BENCH_BASELINE_REV) > .bench-baseline; else : > .bench-baseline; fi
 	cargo build --locked --release -p bench $(SERVICE_PKGS)
-	$${CARGO_TARGET_DIR:-target}/release/bench
+	baseline=$$(cat .bench-baseline); rm -f .bench-baseline; \
+	  BENCH_BASELINE=$$baseline BENCH_BASELINE_REV=$(BENCH_BASELINE_REV) $${CARGO_TARGET_DIR:-target}/release/bench
 
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
 	cargo build --locked -p bench $(SERVICE_PKGS)

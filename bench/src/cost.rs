@@ -51,6 +51,22 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// CPU seconds the broker (RabbitMQ's `beam.smp`; not an e2e world's) has
+/// used so far.
+pub(crate) fn broker_cpu() -> f64 {
+    let ticks: u64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (comm, t) = stat(pid)?;
+            (comm == "beam.smp" && !cmdline(pid).contains("commerce-e2e")).then_some(t)
+        })
+        .sum();
+    ticks as f64 / clock_ticks()
+}
+
 pub(crate) async fn snapshot(
     admin: &PgPool,
     prefix: &str,

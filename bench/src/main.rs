@@ -2,14 +2,17 @@
 //! PostgreSQL and RabbitMQ, in one run, each figure next to its limit:
 //!
 //! 1. relay drain (1, 2, 4 relays) vs a raw publisher of the same messages
-//!    with pipelined confirms and no database;
+//!    with pipelined confirms and no database, through lapin and through a
+//!    client with no library (AMQP frames by hand);
 //! 2. consumer apply (dedup + state + offset + commit + ack) vs a raw
 //!    consume + ack of the same queue;
 //! 3. `POST /orders` at 1, 8, 32 connections vs pgbench running the same
 //!    SQL transaction on the same database;
 //! 4. idempotent replay latency;
 //! 5. placed → confirmed (orders and projection), light and heavy load;
-//! 6. resources: peak RSS, outbox size after the drain, CPU per 1k events.
+//! 6. resources: peak RSS, outbox size after the drain, CPU per 1k events;
+//! 7. the saga as processes: rates, the cost map per decided order, and the
+//!    same rounds through a baseline build (`BENCH_BASELINE`).
 //!
 //! `bench --smoke` runs everything tiny (seconds), for CI. The full run
 //! writes `docs/benchmarks.md`.
@@ -21,6 +24,7 @@ mod api;
 mod cost;
 mod pipeline;
 mod processes;
+mod rawamqp;
 mod saga;
 
 use api::http;

@@ -1,46 +1,92 @@
-//! The stack as separate processes: the order rate through the saga and
-//! each role's peak RSS.
+//! The stack as separate processes: the order rate through the saga, what
+//! a decided order costs, and each role's peak RSS; and, given a baseline
+//! build (`BENCH_BASELINE`), the same rounds through it, in the same run.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use e2e::cluster::{self, CONSUMERS, Client, Layout};
 use serde_json::json;
 
 use crate::cost::{self, STATS_FLUSH};
+use crate::{Sizes, Table, pct};
 
 /// The admission bound of the last round's tenants: by Little's law, ~200
 /// decided/s at ~0.5 s each keeps about 100 in flight across 4 tenants.
 const ADMITTED_IN_FLIGHT: u32 = 32;
-use crate::{Sizes, Table, pct};
 
 /// The stack as separate processes, as `make up` and `make e2e` run it
 /// (binaries of the bench's own profile): the order rate through the whole
-/// saga, and the peak RSS of each service role under that load.
+/// saga, and the peak RSS of each service role under that load. With
+/// `BENCH_BASELINE=<dir of binaries>` (`make bench` builds one, see
+/// `scripts/bench-baseline.sh`), the rounds without admission run again
+/// through that build, and each round's decided orders per core-second are
+/// printed side by side.
 pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
-    use e2e::cluster::{self, CONSUMERS, Client, Layout};
-    let layout = Layout {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let ours = Layout {
         name: "bench",
         port_base: 9180,
-        profile: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        profile,
     };
+    let mine = stack(s, t, &ours, None).await?;
+    let Some(dir) = std::env::var_os("BENCH_BASELINE").filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    let rev = std::env::var("BENCH_BASELINE_REV").unwrap_or_else(|_| "the baseline".into());
+    let base = Layout {
+        name: "benchbase",
+        port_base: 9280,
+        profile,
+    };
+    println!(
+        "   the same rounds through {rev} ({})",
+        Path::new(&dir).display()
+    );
+    let theirs = stack(s, t, &base, Some((Path::new(&dir), &rev))).await?;
+    for ((latency_ms, now), (_, then)) in mine.iter().zip(&theirs) {
+        t.row([
+            &format!("decided per core-second against {rev}, provider {latency_ms} ms, same run"),
+            &format!("{now:.0} now"),
+            &format!("{then:.0} at {rev}"),
+            &format!("{:.2}x", now / then.max(0.001)),
+            ">= 2x",
+        ]);
+    }
+    Ok(())
+}
+
+/// One stack's rounds; the decided orders per core-second of each round
+/// without admission, by provider latency. A baseline build gets no
+/// admission round (it may predate the setting) and no RSS rows.
+async fn stack(
+    s: &Sizes,
+    t: &mut Table,
+    layout: &Layout,
+    baseline: Option<(&Path, &str)>,
+) -> anyhow::Result<Vec<(u64, f64)>> {
     // Admission off but for the last round's tenants (13-16), which have a
     // bound of their own (docs/adr/0027).
     let bounds: Vec<String> = (13..=16)
         .map(|t| format!("{t}={ADMITTED_IN_FLIGHT}"))
         .collect();
-    let (mut procs, dbs) = cluster::launch(
-        &layout,
+    let (mut procs, dbs) = cluster::launch_built(
+        layout,
         &[
             ("RUST_LOG", "warn"),
             ("ADMISSION_MAX_IN_FLIGHT", "0"),
             ("ADMISSION_TENANT_MAX_IN_FLIGHT", &bounds.join(",")),
         ],
+        baseline.map(|(dir, _)| dir),
     )
     .await?;
-    let client = Client::new(&layout)?;
+    let who = baseline.map_or(String::new(), |(_, rev)| format!(" at {rev}"));
+    let mut per_core_second = Vec::new();
+    let client = Client::new(layout)?;
     // The cost counters are read from the `postgres` database, so that the
     // reads are not counted among the services' transactions.
     let admin = reliability::db::pool(
@@ -61,7 +107,10 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     let idle_secs = idle_t0.elapsed().as_secs_f64();
     // The same load against a provider answering at once, in 100 ms and in
     // 300 ms (real providers: 200-800 ms); 4 fresh tenants each time.
-    let rounds = [(0_u64, false), (100, false), (300, false), (0, true)];
+    let mut rounds = vec![(0_u64, false), (100, false), (300, false)];
+    if baseline.is_none() {
+        rounds.push((0, true));
+    }
     for (round, (latency_ms, admission)) in rounds.into_iter().enumerate() {
         client
             .http
@@ -122,15 +171,16 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
             let mut spent =
                 cost::between(&from, &cost::snapshot(&admin, layout.name, &procs).await?);
             *spent.xacts.entry("orders".into()).or_default() -= polls;
-            cost_rows(
+            let all_ms = cost_rows(
                 t,
-                latency_ms,
+                &format!("provider {latency_ms} ms{who}"),
                 &spent,
                 &idle,
                 idle_secs,
                 t0.elapsed().as_secs_f64(),
                 orders as f64,
             );
+            per_core_second.push((latency_ms, 1000.0 / all_ms.max(0.001)));
         }
         let admitted = if admission {
             format!(", admission on ({ADMITTED_IN_FLIGHT} in flight per tenant)")
@@ -138,24 +188,41 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
             String::new()
         };
         println!(
-            "   provider {latency_ms} ms{admitted}: {decided_rate:.0} decided/s, {accepted_rate:.0} accepted/s"
+            "   provider {latency_ms} ms{admitted}{who}: {decided_rate:.0} decided/s, {accepted_rate:.0} accepted/s"
         );
         t.row([
             &format!(
-                "orders through the saga, as processes, provider {latency_ms} ms{admitted}: {orders} orders, 4 tenants x 16 clients"
+                "orders through the saga, as processes, provider {latency_ms} ms{admitted}{who}: {orders} orders, 4 tenants x 16 clients"
             ),
             &format!("{decided_rate:.0} orders/s decided"),
             &format!("{accepted_rate:.0} orders/s accepted"),
             &pct(decided_rate / accepted_rate),
-            match (latency_ms, admission) {
-                (_, true) => "decided >= 90% of accepted",
-                (100, false) => "decided >= 200/s",
+            match (latency_ms, admission, baseline) {
+                (_, true, _) => "decided >= 90% of accepted",
+                (100, false, None) => "decided >= 200/s",
                 _ => "",
             },
         ]);
     }
     let rss = procs.peak_rss_kib();
     procs.stop_all();
+    if baseline.is_none() {
+        rss_rows(t, &rss);
+    }
+    // Leave nothing behind: the databases and the run's queues and exchange.
+    for pool in [&dbs.orders, &dbs.inventory, &dbs.payments, &dbs.projection] {
+        pool.close().await;
+    }
+    cluster::drop_databases(layout).await?;
+    let queues: Vec<String> = CONSUMERS
+        .iter()
+        .map(|c| format!("{}{c}", layout.queue_prefix()))
+        .collect();
+    reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
+    Ok(per_core_second)
+}
+
+fn rss_rows(t: &mut Table, rss: &std::collections::BTreeMap<String, u64>) {
     let mib = |name: &str| rss.get(name).map(|kib| kib / 1024);
     for svc in ["orders", "inventory", "payments", "projection"] {
         let roles: Vec<String> = ["api", "consumer", "relay"]
@@ -177,29 +244,19 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
         "",
         "",
     ]);
-    // Leave nothing behind: the databases and the run's queues and exchange.
-    for pool in [&dbs.orders, &dbs.inventory, &dbs.payments, &dbs.projection] {
-        pool.close().await;
-    }
-    cluster::drop_databases(&layout).await?;
-    let queues: Vec<String> = CONSUMERS
-        .iter()
-        .map(|c| format!("{}{c}", layout.queue_prefix()))
-        .collect();
-    reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
-    Ok(())
 }
 
-/// The cost map of one round: transactions per service, CPU per role.
+/// The cost map of one round: transactions per service, CPU per role; the
+/// CPU milliseconds a decided order took in all.
 fn cost_rows(
     t: &mut Table,
-    latency_ms: u64,
+    round: &str,
     spent: &cost::Cost,
     idle: &cost::Cost,
     idle_secs: f64,
     secs: f64,
     orders: f64,
-) {
+) -> f64 {
     let xacts = spent.xacts_per_order(idle, idle_secs, secs, orders);
     let total: f64 = xacts.values().sum();
     let list = |m: &std::collections::BTreeMap<String, f64>| {
@@ -213,7 +270,7 @@ fn cost_rows(
         list(&xacts)
     );
     t.row([
-        &format!("transactions per decided order, provider {latency_ms} ms (pg_stat_database, less idle polling)"),
+        &format!("transactions per decided order, {round} (pg_stat_database, less idle polling)"),
         &format!("{total:.1}: {}", list(&xacts)),
         "",
         "",
@@ -245,7 +302,7 @@ fn cost_rows(
         "   CPU per decided order: {all:.1} ms: stack {stack_ms:.1} ({stack_list}), PostgreSQL {pg_ms:.1} ({pg_list}), RabbitMQ {broker_ms:.1}"
     );
     t.row([
-        &format!("CPU per decided order, provider {latency_ms} ms"),
+        &format!("CPU per decided order, {round}"),
         &format!(
             "{all:.1} ms: processes {stack_ms:.1} ({stack_list}); PostgreSQL {pg_ms:.1} (backends of {pg_list}); RabbitMQ {broker_ms:.1}"
         ),
@@ -253,4 +310,5 @@ fn cost_rows(
         "",
         "",
     ]);
+    all
 }

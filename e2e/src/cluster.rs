@@ -3,7 +3,7 @@
 //! service role (api, consumer, relay) a process of its own, and a client
 //! that retries like a real one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,18 @@ impl Layout {
 /// role of every service started and ready. `env` adds to or overrides the
 /// processes' environment.
 pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cluster, Dbs)> {
+    launch_built(layout, env, None).await
+}
+
+/// As [`launch`], from the binaries in `bins` when given (another build of
+/// the platform, e.g. the bench's baseline): each service's schema is then
+/// made by its own binary's `migrate`, not by this tree's migrations.
+pub async fn launch_built(
+    layout: &Layout,
+    env: &[(&str, &str)],
+    bins: Option<&Path>,
+) -> anyhow::Result<(Cluster, Dbs)> {
+    let bin = |name: &str| bins.map_or_else(|| layout.bin(name), |dir| dir.join(name));
     let admin_opts = PgConnectOptions::from_str(&database_url())?;
     let admin = db::pool(admin_opts.clone(), 2).await?;
     db::ensure_roles(&admin).await?;
@@ -79,7 +91,9 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
             4,
         )
         .await?;
-        db::migrate(&owner, Some(migrations)).await?;
+        if bins.is_none() {
+            db::migrate(&owner, Some(migrations)).await?;
+        }
         owners.push(owner);
     }
     let dbs = Dbs {
@@ -141,19 +155,28 @@ pub async fn launch(layout: &Layout, env: &[(&str, &str)]) -> anyhow::Result<(Cl
         vars.retain(|(name, _)| name != k);
         vars.push(((*k).to_owned(), (*v).to_owned()));
     }
+    if bins.is_some() {
+        for svc in SERVICES {
+            let out = std::process::Command::new(bin(svc))
+                .arg("migrate")
+                .envs(vars.iter().map(|(k, v)| (k, v)))
+                .output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "{} migrate: {}",
+                bin(svc).display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
     let mut cluster = Cluster::new(
         vars,
         PathBuf::from(".run").join(layout.name),
         layout.port_base + 200,
     )?;
-    cluster.add(
-        "psp-sim",
-        layout.bin("psp-sim"),
-        &[],
-        Some(layout.port("psp-sim")),
-    );
+    cluster.add("psp-sim", bin("psp-sim"), &[], Some(layout.port("psp-sim")));
     for svc in SERVICES {
-        let bin = layout.bin(svc);
+        let bin = bin(svc);
         cluster.add(
             &format!("{svc}-api"),
             bin.clone(),

@@ -96,6 +96,12 @@ impl Pooler {
                  max_client_conn = 2000\n\
                  default_pool_size = {pool}\n\
                  query_wait_timeout = {wait}\n\
+                 ; ADR 0022's keepalives: behind the pooler, PostgreSQL's own\n\
+                 ; watch the pooler, so the pooler watches the clients.\n\
+                 tcp_keepalive = 1\n\
+                 tcp_keepidle = 30\n\
+                 tcp_keepintvl = 10\n\
+                 tcp_keepcnt = 3\n\
                  logfile = {dir}/pgbouncer.log\n\
                  pidfile = {dir}/pgbouncer.pid\n",
                 pg = self.pg_port,

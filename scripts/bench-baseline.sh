@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the service binaries of a baseline commit, once, for `make bench`
+# to run the saga through beside this tree's (issue 24: decided orders per
+# core-second against the main the issue was written against). Prints the
+# directory that holds them.
+#
+#   scripts/bench-baseline.sh [REV]     # REV defaults to 953eb30
+#
+# The build shares this tree's target directory, so only the workspace's
+# own crates compile again; the binaries are copied out before this tree's
+# build puts its own back (cargo re-links a fresh binary it finds replaced).
+set -euo pipefail
+rev=${1:-953eb30}
+root=$(git rev-parse --show-toplevel)
+target=${CARGO_TARGET_DIR:-$root/target}
+case $target in /*) ;; *) target=$root/$target ;; esac
+out=$target/baseline/$rev
+bins=(orders inventory payments projection psp-sim)
+if [ -x "$out/bin/psp-sim" ]; then
+  echo "$out/bin"
+  exit 0
+fi
+git -C "$root" cat-file -e "$rev^{commit}" 2>/dev/null || {
+  echo "bench-baseline: commit $rev is not in this clone (a shallow clone? git fetch --unshallow)" >&2
+  exit 1
+}
+rm -rf "$out/src" && mkdir -p "$out/src" "$out/bin"
+git -C "$root" archive "$rev" | tar -x -C "$out/src"
+echo "bench-baseline: building $rev's services (release) into $out/bin" >&2
+pkgs=()
+for b in "${bins[@]}"; do pkgs+=(-p "$b"); done
+(cd "$out/src" && CARGO_TARGET_DIR=$target cargo build --locked --release "${pkgs[@]}") >&2
+for b in "${bins[@]}"; do cp "$target/release/$b" "$out/bin/$b"; done
+# Nothing of the baseline's sources is needed any more.
+rm -rf "$out/src"
+echo "$out/bin"
