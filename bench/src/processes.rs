@@ -11,9 +11,14 @@ use serde_json::json;
 use crate::cost::{self, STATS_FLUSH};
 use crate::{Sizes, Table, pct};
 
-/// The admission bound of the last round's tenants: by Little's law, ~200
-/// decided/s at ~0.5 s each keeps about 100 in flight across 4 tenants.
-const ADMITTED_IN_FLIGHT: u32 = 32;
+/// The admission bound of the last round's tenants, by Little's law: what
+/// a tenant has in flight is its decided rate (~38/s, a quarter of ~150)
+/// times the time an order stays undecided, which for a refused client
+/// includes its wait before the retry (1 s) on top of the pipeline's
+/// ~0.5 s: ~57. At 32 the pipeline ran dry while clients waited (77
+/// decided/s against 152 without admission). 48 keeps the backlog left
+/// when the last order is accepted at 4 x 48 orders, ~1.3 s of draining.
+const ADMITTED_IN_FLIGHT: u32 = 48;
 
 /// The stack as separate processes, as `make up` and `make e2e` run it
 /// (binaries of the bench's own profile): the order rate through the whole

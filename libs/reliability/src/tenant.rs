@@ -64,8 +64,16 @@ pub struct TenantTx {
 
 impl TenantTx {
     pub async fn begin(pool: &PgPool, tenant: TenantId) -> sqlx::Result<Self> {
-        let mut tx = pool.begin().await?;
-        set_tenant(&mut tx, tenant).await?;
+        // One round trip, not two: the tenant is set by the statement that
+        // opens the transaction (a simple query; BEGIN keeps the block open
+        // past it). The value is an integer, formatted here, never text
+        // from outside.
+        let tx = pool
+            .begin_with(sqlx::AssertSqlSafe(format!(
+                "BEGIN; SELECT set_config('app.tenant_id', '{}', true)",
+                tenant.get()
+            )))
+            .await?;
         Ok(Self { tx, tenant })
     }
 
