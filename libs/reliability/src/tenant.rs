@@ -67,7 +67,10 @@ impl TenantTx {
         // One round trip, not two: the tenant is set by the statement that
         // opens the transaction (a simple query; BEGIN keeps the block open
         // past it). The value is an integer, formatted here, never text
-        // from outside.
+        // from outside. sqlx's begin reads past the SELECT's replies, an
+        // error among them; set_config of an integer cannot fail, and if it
+        // did the block would be aborted: the first statement in it fails,
+        // none runs without its tenant.
         let tx = pool
             .begin_with(sqlx::AssertSqlSafe(format!(
                 "BEGIN; SELECT set_config('app.tenant_id', '{}', true)",
