@@ -51,6 +51,11 @@ fn clock_ticks() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// The developer's RabbitMQ, not an e2e world's nodes.
+fn is_broker(pid: u32, comm: &str) -> bool {
+    comm == "beam.smp" && !cmdline(pid).contains("commerce-e2e")
+}
+
 /// CPU seconds the broker (RabbitMQ's `beam.smp`; not an e2e world's) has
 /// used so far.
 pub(crate) fn broker_cpu() -> f64 {
@@ -61,7 +66,7 @@ pub(crate) fn broker_cpu() -> f64 {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
             let (comm, t) = stat(pid)?;
-            (comm == "beam.smp" && !cmdline(pid).contains("commerce-e2e")).then_some(t)
+            is_broker(pid, &comm).then_some(t)
         })
         .sum();
     ticks as f64 / clock_ticks()
@@ -107,7 +112,7 @@ pub(crate) async fn snapshot(
                 Some(_) => "postgres: the bench's own checks".into(),
                 None => "postgres: other (server processes, autovacuum)".into(),
             }
-        } else if comm == "beam.smp" && !cmdline(pid).contains("commerce-e2e") {
+        } else if is_broker(pid, &comm) {
             "rabbitmq".into()
         } else {
             continue;
