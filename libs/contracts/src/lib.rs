@@ -44,6 +44,34 @@ pub mod topology {
     pub struct Subscription {
         pub consumer: &'static str,
         pub bindings: &'static [&'static str],
+        /// 0: order-free, one queue that any number of appliers share (the
+        /// commerce services' handlers are written so). K > 0: ordered:
+        /// each aggregate's events reach the handler in outbox order,
+        /// through K partition queues with one active consumer each
+        /// (docs/adr/0028).
+        pub partitions: u16,
+    }
+
+    impl Subscription {
+        /// An order-free subscription.
+        pub const fn new(consumer: &'static str, bindings: &'static [&'static str]) -> Self {
+            Self {
+                consumer,
+                bindings,
+                partitions: 0,
+            }
+        }
+
+        /// The same subscription, ordered per aggregate over `partitions`
+        /// partition queues.
+        pub const fn ordered(mut self, partitions: u16) -> Self {
+            self.partitions = partitions;
+            self
+        }
+
+        pub const fn is_ordered(&self) -> bool {
+            self.partitions > 0
+        }
     }
 
     /// inventory reserves on placement and settles on the decision.
@@ -54,11 +82,13 @@ pub mod topology {
             "orders.OrderConfirmed",
             "orders.OrderCancelled",
         ],
+        partitions: 0,
     };
     /// payments records a payment once stock is reserved.
     pub const PAYMENTS_CHARGES: Subscription = Subscription {
         consumer: "payments.charges",
         bindings: &["inventory.InventoryReserved"],
+        partitions: 0,
     };
     /// orders decides on the reservation's or the payment's outcome.
     pub const ORDERS_SAGA: Subscription = Subscription {
@@ -68,12 +98,14 @@ pub mod topology {
             "payments.PaymentCaptured",
             "payments.PaymentFailed",
         ],
+        partitions: 0,
     };
     /// The projection takes every event (and ignores what is not an order's),
     /// so every event has at least one subscriber.
     pub const PROJECTION_VIEWS: Subscription = Subscription {
         consumer: "projection.views",
         bindings: &["orders.*", "inventory.*", "payments.*"],
+        partitions: 0,
     };
 
     /// Every subscription of the commerce services.

@@ -22,8 +22,8 @@ pub use dead_letters::{
 };
 pub use publish::{Outgoing, PublishFailure, Publisher, Sent};
 pub use topology::{
-    QueueSpec, Subscription, dead_letter_exchange, dead_letter_queue, declare_exchange,
-    declare_queue, declare_topology, require_queues, topic_matches,
+    PARTITION_HEADER, QueueSpec, Subscription, dead_letter_exchange, dead_letter_queue,
+    declare_exchange, declare_queue, declare_topology, require_queues, topic_matches,
 };
 
 /// Connects with a name that shows in the management UI.

@@ -38,8 +38,11 @@ use crate::{Error, Result, TenantId, TenantTx};
 mod apply;
 mod delivery;
 mod offsets;
+mod ordered;
+mod park;
 
 pub use offsets::{OffsetRow, offsets, reset_offsets};
+pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};
 
 /// Applies one event to a consumer's state inside the given transaction.
 ///
@@ -124,6 +127,9 @@ pub enum Outcome {
     Applied,
     /// Seen before: nothing changed.
     Duplicate,
+    /// Ordered subscriptions: put in the parked store, behind (or as the
+    /// first of) its parked aggregate (docs/adr/0028).
+    Parked,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -168,12 +174,7 @@ impl ConsumerConfig {
     pub fn new(name: &str, exchange: &str, bindings: &[&str]) -> Self {
         Self {
             name: name.to_owned(),
-            queue: QueueSpec {
-                queue: name.to_owned(),
-                exchange: exchange.to_owned(),
-                bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
-                delivery_limit: 10,
-            },
+            queue: QueueSpec::new(name, exchange, bindings),
             prefetch: 50,
             max_attempts: 5,
             retry_delay: Duration::from_millis(200),
@@ -199,6 +200,7 @@ struct Counters {
     applied: AtomicU64,
     duplicates: AtomicU64,
     dead_lettered: AtomicU64,
+    parked: AtomicU64,
     retries: AtomicU64,
     grouped: AtomicU64,
     fallbacks: AtomicU64,
@@ -213,6 +215,8 @@ pub struct ConsumerStats {
     pub applied: u64,
     pub duplicates: u64,
     pub dead_lettered: u64,
+    /// Ordered subscriptions: events put in the parked store.
+    pub parked: u64,
     /// Failed tries that were retried (handler errors and outages alike).
     pub retries: u64,
     /// Of the applied and duplicates, those committed as part of a group.
@@ -230,9 +234,9 @@ pub struct ConsumerStats {
 }
 
 impl ConsumerStats {
-    /// Deliveries acked or dead-lettered.
+    /// Deliveries acked (applied, duplicate or parked) or dead-lettered.
     pub fn finished(&self) -> u64 {
-        self.applied + self.duplicates + self.dead_lettered
+        self.applied + self.duplicates + self.parked + self.dead_lettered
     }
 }
 
@@ -290,6 +294,7 @@ impl<H: Handler> Consumer<H> {
             applied: self.stats.applied.load(Ordering::Relaxed),
             duplicates: self.stats.duplicates.load(Ordering::Relaxed),
             dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
+            parked: self.stats.parked.load(Ordering::Relaxed),
             retries: self.stats.retries.load(Ordering::Relaxed),
             grouped: self.stats.grouped.load(Ordering::Relaxed),
             fallbacks: self.stats.fallbacks.load(Ordering::Relaxed),

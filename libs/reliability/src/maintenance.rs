@@ -225,9 +225,9 @@ pub async fn archive_processed(owner: &PgPool, older_than: Duration, batch: i64)
                 RETURNING *)
              INSERT INTO outbox_messages_archive
                  (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload,
-                  headers, occurred_at, available_at, processed_at, attempts, last_error)
+                  headers, occurred_at, available_at, processed_at, attempts, last_error, aggregate_seq)
              SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload,
-                    headers, occurred_at, available_at, processed_at, attempts, last_error
+                    headers, occurred_at, available_at, processed_at, attempts, last_error, aggregate_seq
              FROM moved",
         )
         .bind(older_than.as_secs_f64())

@@ -68,6 +68,9 @@ pub const CONSUMER_LANE_RESTARTS: &str = "consumer_lane_restarts_total";
 pub const CONSUMER_QUEUE_DEPTH: &str = "consumer_queue_depth";
 pub const CONSUMER_DLQ_DEPTH: &str = "consumer_dlq_depth";
 pub const CONSUMER_LAST_APPLIED: &str = "consumer_last_applied_timestamp_seconds";
+pub const CONSUMER_PARKED: &str = "consumer_parked_events_total";
+pub const CONSUMER_PARKED_AGGREGATES: &str = "consumer_parked_aggregates";
+pub const CONSUMER_PARKED_OLDEST: &str = "consumer_parked_oldest_seconds";
 pub const IDEMPOTENCY_HITS: &str = "idempotency_cache_hits_total";
 pub const IDEMPOTENCY_MISSES: &str = "idempotency_cache_misses_total";
 pub const IDEMPOTENCY_CONFLICTS: &str = "idempotency_conflicts_total";
@@ -119,6 +122,9 @@ pub const CATALOGUE: &[Metric] = &[
     m(CONSUMER_QUEUE_DEPTH, Gauge, &["consumer"], "Messages ready in the consumer's queue (its lag, in messages)."),
     m(CONSUMER_DLQ_DEPTH, Gauge, &["consumer"], "Messages waiting in the consumer's DLQ."),
     m(CONSUMER_LAST_APPLIED, Gauge, &["consumer"], "When this process last finished a delivery (Unix seconds)."),
+    m(CONSUMER_PARKED, Counter, &["consumer"], "Events of an ordered subscription parked: the one that failed for good, and each later event of its aggregate."),
+    m(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
+    m(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
     m(IDEMPOTENCY_HITS, Counter, &["scope"], "Requests answered from a stored Idempotency-Key response."),
     m(IDEMPOTENCY_MISSES, Counter, &["scope"], "Requests that claimed a fresh Idempotency-Key."),
     m(IDEMPOTENCY_CONFLICTS, Counter, &["scope"], "Keys reused with a different request (422)."),

@@ -116,9 +116,20 @@ pub struct Envelope {
     pub event_version: i32,
     pub occurred_at: DateTime<Utc>,
     pub payload: Value,
+    /// The event's number in its aggregate (1, 2, ...), given by a relay
+    /// with an ordered subscriber as it publishes: what an ordered consumer
+    /// checks (docs/adr/0028). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[sqlx(default)]
+    pub aggregate_seq: Option<i64>,
 }
 
 impl Envelope {
+    /// `<aggregate_type>:<aggregate_id>`: the unit of order and of parking.
+    pub fn aggregate_key(&self) -> String {
+        format!("{}:{}", self.aggregate_type, self.aggregate_id)
+    }
+
     /// `<source>.<EventType>`, the topic routing key.
     pub fn routing_key(&self) -> String {
         routing_key(&self.source, &self.event_type)
@@ -175,11 +186,13 @@ pub async fn history(
 ) -> Result<Vec<Envelope>> {
     Ok(sqlx::query_as(
         "SELECT id, $3::text AS source, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-                occurred_at, payload
-         FROM (SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+                occurred_at, payload, aggregate_seq
+         FROM (SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload,
+                      aggregate_seq
                FROM outbox_messages WHERE id > $1
                UNION ALL
-               SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload
+               SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, occurred_at, payload,
+                      aggregate_seq
                FROM outbox_messages_archive WHERE id > $1) h
          ORDER BY id LIMIT $2",
     )
@@ -206,6 +219,7 @@ mod tests {
             event_version: version,
             occurred_at: Utc::now(),
             payload,
+            aggregate_seq: None,
         }
     }
 

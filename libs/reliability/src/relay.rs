@@ -24,6 +24,7 @@ use crate::trace::Span;
 use crate::{Error, Result};
 
 mod dlq;
+mod order;
 mod publish;
 mod record;
 mod run;
@@ -109,6 +110,10 @@ pub struct BatchReport {
     /// Nacked (a queue without its quorum, say): due again after one
     /// backoff step, no attempt counted (docs/adr/0023).
     pub deferred: usize,
+    /// Claimed but held back: an earlier event of the same aggregate was
+    /// still in another batch in flight (ordered subscribers only,
+    /// docs/adr/0028). Published by a later pass.
+    pub held: usize,
 }
 
 impl BatchReport {
@@ -119,6 +124,7 @@ impl BatchReport {
         self.dead_lettered += other.dead_lettered;
         self.unconfirmed += other.unconfirmed;
         self.deferred += other.deferred;
+        self.held += other.held;
     }
 }
 
@@ -137,6 +143,9 @@ struct InFlight {
     sent: Sent,
     /// Each traced row's publish step, ended at its confirm.
     steps: Vec<Option<Span>>,
+    /// Rows the claim took, and of them those held back (not in `rows`).
+    claimed: usize,
+    held: usize,
 }
 
 #[derive(sqlx::FromRow)]
@@ -150,6 +159,7 @@ struct Claimed {
     payload: Value,
     headers: Value,
     occurred_at: DateTime<Utc>,
+    aggregate_seq: Option<i64>,
 }
 
 impl Relay {

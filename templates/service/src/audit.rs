@@ -15,10 +15,14 @@ use crate::http::ItemCreated;
 /// queue from it and the relay declares it before it publishes. A service
 /// whose consumers take other services' events adds them to
 /// `contracts::topology` instead, so every publisher declares them.
-pub const SUBSCRIPTION: Subscription = Subscription {
-    consumer: "__SERVICE__.audit",
-    bindings: &["__SERVICE__.ItemCreated"],
-};
+///
+/// Order-free: any number of appliers share one queue. A handler that needs
+/// each item's events in the order they were written (an update after the
+/// create) says `.ordered(4)`: four partition queues, one active consumer
+/// each, and an event that fails for good parks its item alone
+/// (docs/template.md, docs/adr/0028).
+pub const SUBSCRIPTION: Subscription =
+    Subscription::new("__SERVICE__.audit", &["__SERVICE__.ItemCreated"]);
 
 pub const CONSUMER: &str = SUBSCRIPTION.consumer;
 

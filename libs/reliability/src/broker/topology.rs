@@ -3,7 +3,9 @@
 //! declared by code before anything is published.
 
 use futures_util::future::join_all;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
@@ -50,20 +52,24 @@ pub async fn declare_topology(channel: &Channel, queues: &[QueueSpec]) -> Result
 }
 
 /// Checks that every queue of `queues` exists (passive declares, side by
-/// side on one channel). A missing one closes `channel`: the caller
-/// reconnects and declares the topology again before it publishes.
+/// side on one channel): an ordered subscription's every partition. A
+/// missing one closes `channel`: the caller reconnects and declares the
+/// topology again before it publishes.
 pub async fn require_queues(channel: &Channel, queues: &[QueueSpec]) -> Result<()> {
-    let checks = join_all(queues.iter().map(|q| queue_depth(channel, &q.queue))).await;
-    for (spec, check) in queues.iter().zip(checks) {
+    let names: Vec<String> = queues.iter().flat_map(QueueSpec::queues).collect();
+    let checks = join_all(names.iter().map(|q| queue_depth(channel, q))).await;
+    for (name, check) in names.iter().zip(checks) {
         if let Err(e) = check {
-            return Err(Error::Topology(format!(
-                "queue {} is missing: {e}",
-                spec.queue
-            )));
+            return Err(Error::Topology(format!("queue {name} is missing: {e}")));
         }
     }
     Ok(())
 }
+
+/// The message header an ordered subscription's partitions are chosen by:
+/// `<tenant>/<aggregate_type>:<aggregate_id>`, set by the relay on every
+/// message.
+pub const PARTITION_HEADER: &str = "x-aggregate";
 
 /// A consumer's queue and where its poison messages end.
 #[derive(Debug, Clone)]
@@ -76,6 +82,10 @@ pub struct QueueSpec {
     /// 3.10 has no default: without it a message that crashes its consumer
     /// would be redelivered forever (I8).
     pub delivery_limit: u32,
+    /// 0: one queue, order-free. K > 0: K partition queues
+    /// (`<queue>.p0`...), each with a single active consumer, behind a
+    /// consistent-hash exchange on [`PARTITION_HEADER`] (docs/adr/0028).
+    pub partitions: u16,
 }
 
 impl QueueSpec {
@@ -87,6 +97,43 @@ impl QueueSpec {
             exchange: exchange.to_owned(),
             bindings: sub.bindings.iter().map(|b| (*b).to_owned()).collect(),
             delivery_limit: 10,
+            partitions: sub.partitions,
+        }
+    }
+
+    /// An order-free queue bound to `bindings` on `exchange`.
+    pub fn new(queue: &str, exchange: &str, bindings: &[&str]) -> Self {
+        Self {
+            queue: queue.to_owned(),
+            exchange: exchange.to_owned(),
+            bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
+            delivery_limit: 10,
+            partitions: 0,
+        }
+    }
+
+    pub fn is_ordered(&self) -> bool {
+        self.partitions > 0
+    }
+
+    /// The consistent-hash exchange in front of the partitions.
+    pub fn partition_exchange(&self) -> String {
+        format!("{}.partitions", self.queue)
+    }
+
+    /// Partition `p`'s queue.
+    pub fn partition_queue(&self, p: u16) -> String {
+        format!("{}.p{p}", self.queue)
+    }
+
+    /// The queues messages wait in: the queue, or every partition's.
+    pub fn queues(&self) -> Vec<String> {
+        if self.is_ordered() {
+            (0..self.partitions)
+                .map(|p| self.partition_queue(p))
+                .collect()
+        } else {
+            vec![self.queue.clone()]
         }
     }
 }
@@ -137,6 +184,90 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
         )
         .await?;
 
+    let args = queue_args(spec);
+    if !spec.is_ordered() {
+        channel
+            .queue_declare(spec.queue.as_str().into(), durable, args)
+            .await?;
+        for key in &spec.bindings {
+            channel
+                .queue_bind(
+                    spec.queue.as_str().into(),
+                    spec.exchange.as_str().into(),
+                    key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        return Ok(());
+    }
+    // Ordered: the subscription's bindings lead to a consistent-hash
+    // exchange that sends each aggregate to one partition, always the same
+    // while the partitions stay as they are.
+    let hash = spec.partition_exchange();
+    let mut hash_args = FieldTable::default();
+    hash_args.insert(
+        "hash-header".into(),
+        AMQPValue::LongString(PARTITION_HEADER.into()),
+    );
+    channel
+        .exchange_declare(
+            hash.as_str().into(),
+            ExchangeKind::Custom("x-consistent-hash".into()),
+            ExchangeDeclareOptions {
+                passive: false,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+            },
+            hash_args,
+        )
+        .await
+        .map_err(|e| {
+            Error::Topology(format!(
+                "cannot declare {hash}, an x-consistent-hash exchange (is the \
+                 rabbitmq_consistent_hash_exchange plugin enabled?): {e}"
+            ))
+        })?;
+    for key in &spec.bindings {
+        channel
+            .exchange_bind(
+                hash.as_str().into(),
+                spec.exchange.as_str().into(),
+                key.as_str().into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    let mut args = args;
+    // One consumer at a time takes a partition, in order; the others wait
+    // as its standbys.
+    args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    for p in 0..spec.partitions {
+        let queue = spec.partition_queue(p);
+        channel
+            .queue_declare(queue.as_str().into(), durable, args.clone())
+            .await?;
+        // The binding key is the partition's weight on the hash ring.
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                hash.as_str().into(),
+                "1".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// A consumer queue's arguments: quorum, its delivery limit, dead letters
+/// to its own DLQ.
+fn queue_args(spec: &QueueSpec) -> FieldTable {
     let mut args = FieldTable::default();
     // Quorum: replicated by Raft on a cluster, counts deliveries (x-delivery-limit).
     args.insert(
@@ -149,7 +280,7 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
     );
     args.insert(
         "x-dead-letter-exchange".into(),
-        AMQPValue::LongString(dlx.as_str().into()),
+        AMQPValue::LongString(dead_letter_exchange(&spec.exchange).as_str().into()),
     );
     // Route dead letters to this queue's DLQ only, not to every subscriber.
     args.insert(
@@ -165,19 +296,5 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
-    channel
-        .queue_declare(spec.queue.as_str().into(), durable, args)
-        .await?;
-    for key in &spec.bindings {
-        channel
-            .queue_bind(
-                spec.queue.as_str().into(),
-                spec.exchange.as_str().into(),
-                key.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-    }
-    Ok(())
+    args
 }

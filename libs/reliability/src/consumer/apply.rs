@@ -10,6 +10,7 @@ use crate::outbox::Envelope;
 use crate::{Error, Result, TenantTx};
 
 use super::delivery::apply_span;
+use super::ordered::Gate;
 use super::{ApplyError, Consumer, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of};
 
 impl<H: Handler> Consumer<H> {
@@ -28,13 +29,49 @@ impl<H: Handler> Consumer<H> {
         let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
         let locks = self.lock_keys(&[event]);
         let fresh = self.record(&mut tx, &[event], lane, &locks).await?;
+        let gate = if fresh.is_empty() {
+            None
+        } else if self.is_ordered() {
+            self.gate(&mut tx, &[event]).await?.pop()
+        } else {
+            Some(Gate::Apply)
+        };
+        let outcome = match gate {
+            None => Outcome::Duplicate,
+            Some(Gate::Park(reason)) => {
+                self.park(&mut tx, event, reason.as_deref()).await?;
+                Outcome::Parked
+            }
+            Some(Gate::Apply) => {
+                self.handler.prepare(&mut tx, &[event]).await?;
+                self.handle(&mut tx, event).await?;
+                if self.is_ordered() {
+                    self.advance(&mut tx, &[event]).await?;
+                }
+                self.before_commit()?;
+                Outcome::Applied
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// Parks `event`'s aggregate: `event` failed for good (`error`). The
+    /// park commits with the event's dedup record, before the ack.
+    pub(super) async fn park_failed(
+        &self,
+        event: &Envelope,
+        error: &HandlerError,
+        lane: Lane,
+    ) -> Result<Outcome, ApplyError> {
+        let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
+        let locks = self.lock_keys(&[event]);
+        let fresh = self.record(&mut tx, &[event], lane, &locks).await?;
         let outcome = if fresh.is_empty() {
             Outcome::Duplicate
         } else {
-            self.handler.prepare(&mut tx, &[event]).await?;
-            self.handle(&mut tx, event).await?;
-            self.before_commit()?;
-            Outcome::Applied
+            self.park(&mut tx, event, Some(&error.to_string())).await?;
+            Outcome::Parked
         };
         tx.commit().await?;
         Ok(outcome)
@@ -79,13 +116,35 @@ impl<H: Handler> Consumer<H> {
             if to_apply.is_empty() {
                 continue;
             }
+            let mut to_apply = to_apply;
+            if self.is_ordered() {
+                let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
+                let gates = self.gate(&mut tx, &fresh_events).await?;
+                let mut kept = Vec::with_capacity(to_apply.len());
+                for (i, gate) in to_apply.into_iter().zip(gates) {
+                    match gate {
+                        Gate::Apply => kept.push(i),
+                        Gate::Park(reason) => {
+                            self.park(&mut tx, &group[i].1, reason.as_deref()).await?;
+                            outcomes[i] = Outcome::Parked;
+                        }
+                    }
+                }
+                to_apply = kept;
+                if to_apply.is_empty() {
+                    continue;
+                }
+            }
             let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
             self.handler.prepare(&mut tx, &fresh_events).await?;
-            for i in to_apply {
+            for &i in &to_apply {
                 let (delivery, event) = &group[i];
                 let step = apply_span(&self.config, delivery, event);
                 step.run(self.handle(&mut tx, event)).await?;
                 outcomes[i] = Outcome::Applied;
+            }
+            if self.is_ordered() {
+                self.advance(&mut tx, &fresh_events).await?;
             }
         }
         if outcomes.contains(&Outcome::Applied) {
@@ -107,6 +166,15 @@ impl<H: Handler> Consumer<H> {
                     .map(|k| lock_id(&self.config.name, e.tenant_id, &k))
             })
             .collect();
+        if self.is_ordered() {
+            // The unit of order, whatever the handler's own key: its
+            // position and parked store change one applier at a time.
+            keys.extend(
+                events
+                    .iter()
+                    .map(|e| lock_id(&self.config.name, e.tenant_id, &e.aggregate_key())),
+            );
+        }
         keys.sort_unstable();
         keys.dedup();
         keys

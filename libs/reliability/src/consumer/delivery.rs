@@ -35,7 +35,12 @@ impl<H: Handler> Consumer<H> {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
         let lanes = self.config.lanes.max(1);
         let stop = shutdown.child_token();
-        futures_util::future::try_join_all((0..lanes).map(|index| {
+        let release = async {
+            if self.is_ordered() {
+                self.release_loop(&stop).await;
+            }
+        };
+        let lanes = futures_util::future::try_join_all((0..lanes).map(|index| {
             let stop = stop.clone();
             async move {
                 let part = self.health_part(index);
@@ -56,9 +61,16 @@ impl<H: Handler> Consumer<H> {
                 }
                 r
             }
-        }))
-        .await
-        .map(|_| ())
+        }));
+        let (lanes, ()) = tokio::join!(
+            async {
+                let r = lanes.await;
+                stop.cancel();
+                r
+            },
+            release
+        );
+        lanes.map(|_| ())
     }
 
     /// One lane on a connection of its own until `stop` or a failure.
@@ -83,19 +95,28 @@ impl<H: Handler> Consumer<H> {
         broker::bounded(broker::declare_queue(&channel, &self.config.queue)).await?;
         broker::bounded(channel.basic_qos(self.config.prefetch, BasicQosOptions { global: false }))
             .await?;
-        let tag = format!("{}-{}", self.config.name, uuid::Uuid::new_v4());
-        let mut deliveries = broker::bounded(channel.basic_consume(
-            self.config.queue.queue.as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions {
-                no_local: false,
-                no_ack: false,    // ack only after the commit
-                exclusive: false, // lanes and replicas compete on the queue
-                nowait: false,
-            },
-            FieldTable::default(),
-        ))
-        .await?;
+        let mut streams = Vec::new();
+        for queue in self.lane_queues(lane.index) {
+            let tag = format!("{}-{}", self.config.name, uuid::Uuid::new_v4());
+            streams.push(
+                broker::bounded(channel.basic_consume(
+                    queue.as_str().into(),
+                    tag.as_str().into(),
+                    BasicConsumeOptions {
+                        no_local: false,
+                        no_ack: false,    // ack only after the commit
+                        exclusive: false, // lanes and replicas compete on the queue
+                        nowait: false,
+                    },
+                    FieldTable::default(),
+                ))
+                .await?,
+            );
+        }
+        // One stream for the lane: each queue's deliveries keep their order
+        // in it, and one channel numbers them all, so a multiple ack still
+        // settles only what this lane finished.
+        let mut deliveries = futures_util::stream::select_all(streams);
         tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, lane = lane.index, "consumer connected");
         let mut gauges = tokio::time::interval(Duration::from_secs(2));
         loop {
@@ -112,8 +133,15 @@ impl<H: Handler> Consumer<H> {
                         if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
                             metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
                         }
-                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &self.config.queue.queue)).await {
-                            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
+                        let mut ready = Some(0.0);
+                        for queue in self.config.queue.queues() {
+                            ready = match broker::bounded(broker::queue_depth(&channel, &queue)).await {
+                                Ok(depth) => ready.map(|n| n + f64::from(depth)),
+                                Err(_) => None,
+                            };
+                        }
+                        if let Some(ready) = ready {
+                            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => self.config.name.clone()).set(ready);
                         }
                     }
                     continue;
@@ -151,6 +179,27 @@ impl<H: Handler> Consumer<H> {
                 return Ok(());
             }
         }
+    }
+
+    /// The queues lane `index` consumes from: the queue, or for an ordered
+    /// subscription the partitions `p` with `p % lanes == index` (every
+    /// partition for some lane; a lane beyond the partitions stands by on
+    /// one). Each partition has one active consumer; the same lane of the
+    /// other replicas waits as its standby.
+    fn lane_queues(&self, index: usize) -> Vec<String> {
+        let spec = &self.config.queue;
+        if !spec.is_ordered() {
+            return vec![spec.queue.clone()];
+        }
+        let lanes = self.config.lanes.max(1);
+        let k = usize::from(spec.partitions);
+        if index >= k {
+            return vec![spec.partition_queue((index % k) as u16)];
+        }
+        (0..k)
+            .filter(|p| p % lanes == index)
+            .map(|p| spec.partition_queue(p as u16))
+            .collect()
     }
 
     /// Handles one delivery to its end (acked or dead-lettered). Returns
@@ -203,11 +252,21 @@ impl<H: Handler> Consumer<H> {
                 self.config
                     .fail_points
                     .check(failpoint::CONSUMER_AFTER_COMMIT)?;
-                // One ack for the group: every earlier delivery on this
-                // channel is settled already (a lane handles its deliveries
-                // in turn, and each lane has a channel of its own).
-                let (last, _) = parsed.last().expect("a group is never empty");
-                broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
+                if self.is_ordered() {
+                    // Several partitions on one channel: their streams
+                    // interleave out of delivery-tag order, so a multiple
+                    // ack could settle a delivery not applied yet.
+                    for (delivery, _) in &parsed {
+                        broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                    }
+                } else {
+                    // One ack for the group: every earlier delivery on this
+                    // channel is settled already (a lane handles its
+                    // deliveries in turn, and each lane has a channel of
+                    // its own).
+                    let (last, _) = parsed.last().expect("a group is never empty");
+                    broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
+                }
                 for outcome in outcomes {
                     self.count(outcome);
                     self.stats.grouped.fetch_add(1, Ordering::Relaxed);
@@ -258,6 +317,7 @@ impl<H: Handler> Consumer<H> {
         let (label, counter) = match outcome {
             Outcome::Applied => ("applied", &self.stats.applied),
             Outcome::Duplicate => ("duplicate", &self.stats.duplicates),
+            Outcome::Parked => ("parked", &self.stats.parked),
         };
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(crate::metrics::CONSUMER_MESSAGES, "consumer" => self.config.name.clone(), "outcome" => label)
@@ -305,6 +365,24 @@ impl<H: Handler> Consumer<H> {
                 }
             };
             let Some(wait) = wait else {
+                if self.is_ordered() {
+                    // Its aggregate waits; the partition's others go on.
+                    let outcome = match self.park_failed(&event, &failure, lane).await {
+                        Ok(outcome) => outcome,
+                        Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
+                        // Not parked, not acked: the lane reconnects and
+                        // the broker hands the event back.
+                        Err(ApplyError::Handler(HandlerError::Database(e))) => {
+                            return Err(Error::Database(e));
+                        }
+                        Err(ApplyError::Handler(e)) => {
+                            return Err(Error::Upstream(format!("cannot park: {e}")));
+                        }
+                    };
+                    broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                    self.count(outcome);
+                    return Ok(true);
+                }
                 tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");
                 self.dead_letter(&delivery, "handler_failed").await?;
                 return Ok(true);

@@ -47,6 +47,11 @@ pub async fn reset_offsets(
         .await?
         .rows_affected();
     let processed = if forget_processed {
+        // A replay from the start: ordered positions start again too.
+        sqlx::query("DELETE FROM aggregate_positions WHERE consumer = $1")
+            .bind(consumer)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM processed_messages WHERE consumer = $1")
             .bind(consumer)
             .execute(&mut *tx)

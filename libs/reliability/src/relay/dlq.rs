@@ -14,9 +14,11 @@ pub async fn redrive_dlq(owner: &PgPool, ids: Option<&[i64]>) -> Result<u64> {
         "WITH moved AS (
             DELETE FROM outbox_messages_dlq WHERE $1::bigint[] IS NULL OR id = ANY($1) RETURNING *)
          INSERT INTO outbox_messages
-             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at)
+             (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at,
+              aggregate_seq)
          OVERRIDING SYSTEM VALUE
-         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at
+         SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version, payload, headers, occurred_at,
+                aggregate_seq
          FROM moved",
     )
     .bind(ids)

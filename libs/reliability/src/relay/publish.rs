@@ -12,7 +12,7 @@ use crate::outbox::Envelope;
 use crate::trace::{Kind, Span, TraceContext};
 
 use super::record::{defer, mark_processed, move_to_dlq, schedule_retry};
-use super::{BatchReport, Claimed, InFlight, Relay};
+use super::{BatchReport, Claimed, InFlight, Relay, order};
 
 /// How long the window waits to open a connection for its next batch.
 /// PostgreSQL opens one in milliseconds; longer means the pool's last slot
@@ -41,19 +41,28 @@ impl Relay {
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
         publisher: &Publisher,
     ) -> Result<Option<InFlight>> {
-        let rows: Vec<Claimed> = sqlx::query_as(
+        let keeps_order = self.keeps_order();
+        let claim = if keeps_order {
+            order::CLAIM_IN_ORDER
+        } else {
             "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-                    payload, headers, occurred_at
+                    payload, headers, occurred_at, aggregate_seq
              FROM outbox_messages
              WHERE processed_at IS NULL AND available_at <= now()
              ORDER BY id
              LIMIT $1
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(self.config.batch_size)
-        .fetch_all(&mut *tx)
-        .await?;
-        if rows.is_empty() {
+             FOR UPDATE SKIP LOCKED"
+        };
+        let mut rows: Vec<Claimed> = sqlx::query_as(claim)
+            .bind(self.config.batch_size)
+            .fetch_all(&mut *tx)
+            .await?;
+        let claimed = rows.len();
+        let mut held = 0;
+        if keeps_order && !rows.is_empty() {
+            held = order::number(&mut tx, &mut rows).await?;
+        }
+        if claimed == 0 {
             tx.commit().await?;
             return Ok(None);
         }
@@ -72,6 +81,8 @@ impl Relay {
             rows,
             sent,
             steps,
+            claimed,
+            held,
         }))
     }
 
@@ -84,6 +95,8 @@ impl Relay {
             rows,
             sent,
             mut steps,
+            held,
+            ..
         } = batch;
         let results = sent.settle().await;
         for (step, result) in steps.iter_mut().zip(&results) {
@@ -178,6 +191,7 @@ impl Relay {
             dead_lettered,
             unconfirmed,
             deferred: deferred_ids.len(),
+            held,
         })
     }
 
@@ -243,7 +257,7 @@ impl Relay {
                 };
                 match self.claim_and_send(tx, publisher).await? {
                     Some(batch) => {
-                        more = batch.rows.len() as i64 == self.config.batch_size;
+                        more = batch.claimed as i64 == self.config.batch_size;
                         claimed += 1;
                         window.push_back(batch);
                     }
@@ -290,12 +304,22 @@ impl Relay {
             event_version: row.event_version,
             occurred_at: row.occurred_at,
             payload: row.payload.clone(),
+            aggregate_seq: row.aggregate_seq,
         };
         let mut headers = match &row.headers {
             Value::Object(map) => map.clone(),
             _ => Default::default(),
         };
         headers.extend(cloud_event_attributes(&envelope));
+        // What an ordered subscription's partition is chosen by.
+        headers.insert(
+            broker::PARTITION_HEADER.to_owned(),
+            Value::String(format!(
+                "{}/{}",
+                envelope.tenant_id,
+                envelope.aggregate_key()
+            )),
+        );
         let parent = headers
             .get(crate::trace::HEADER)
             .and_then(Value::as_str)

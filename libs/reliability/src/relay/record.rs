@@ -34,9 +34,9 @@ pub(super) async fn move_to_dlq(
                 RETURNING o.*, failed.error)
          INSERT INTO outbox_messages_dlq
              (id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-              payload, headers, occurred_at, attempts, last_error)
+              payload, headers, occurred_at, attempts, last_error, aggregate_seq)
          SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-                payload, headers, occurred_at, attempts + 1, error
+                payload, headers, occurred_at, attempts + 1, error, aggregate_seq
          FROM moved",
     )
     .bind(ids)

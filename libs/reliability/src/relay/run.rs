@@ -10,6 +10,9 @@ use crate::broker::Publisher;
 use crate::supervise::supervise;
 use crate::{Error, Result};
 
+/// How soon a relay that held rows back (docs/adr/0028) looks again.
+const HELD_RETRY: Duration = Duration::from_millis(20);
+
 use super::{HEALTH_PART, NOTIFY_CHANNEL, Relay, TENANT_LAG, TENANT_PENDING, TOP_TENANTS};
 
 impl Relay {
@@ -77,10 +80,17 @@ impl Relay {
             if more_due {
                 continue;
             }
+            // Rows held back behind another batch go as soon as it is
+            // marked, which notifies no one: look again shortly.
+            let wait = if report.held > 0 {
+                self.config.poll_interval.min(HELD_RETRY)
+            } else {
+                self.config.poll_interval
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 n = listener.recv() => { n?; }
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }

@@ -98,12 +98,7 @@ async fn compete<H: Handler>(
         .await
         .unwrap();
     let mut config = ConsumerConfig::new(check.consumer, &exchange, &[]);
-    config.queue = QueueSpec {
-        queue: queue.clone(),
-        exchange: exchange.clone(),
-        bindings: vec![],
-        delivery_limit: 10,
-    };
+    config.queue = QueueSpec::new(&queue, &exchange, &[]);
     config.lanes = 2;
     config.prefetch = 8;
     config.batch_max = 4;
@@ -187,6 +182,7 @@ fn total(consumers: &[Arc<Consumer<impl Handler>>]) -> ConsumerStats {
             applied: a.applied + b.applied,
             duplicates: a.duplicates + b.duplicates,
             dead_lettered: a.dead_lettered + b.dead_lettered,
+            parked: a.parked + b.parked,
             retries: a.retries + b.retries,
             grouped: a.grouped + b.grouped,
             fallbacks: a.fallbacks + b.fallbacks,
@@ -240,5 +236,6 @@ pub fn event(
         event_version: 1,
         occurred_at: chrono::Utc::now(),
         payload,
+        aggregate_seq: None,
     }
 }

@@ -8,6 +8,7 @@ mod consumer;
 mod frozen;
 mod idempotency;
 mod maintenance;
+mod ordered;
 mod relay;
 mod support;
 mod tenancy;

@@ -122,12 +122,7 @@ impl Broker {
     /// A queue bound to every routing key of the exchange, as a consumer would declare it.
     pub async fn queue(&self, bindings: &[&str]) -> String {
         let name = unique("reltest.q.");
-        let spec = broker::QueueSpec {
-            queue: name.clone(),
-            exchange: self.exchange.clone(),
-            bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
-            delivery_limit: 10,
-        };
+        let spec = broker::QueueSpec::new(&name, &self.exchange, bindings);
         broker::declare_queue(&self.channel, &spec).await.unwrap();
         name
     }
@@ -201,6 +196,26 @@ impl Broker {
         .unwrap();
     }
 
+    /// Deletes an ordered subscription's partition queues, DLQ and hash
+    /// exchange, then the rest as [`Broker::cleanup`].
+    pub async fn cleanup_ordered(self, spec: &broker::QueueSpec) {
+        use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+        for q in spec.queues() {
+            let _ = self
+                .channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = self
+            .channel
+            .exchange_delete(
+                spec.partition_exchange().as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+        self.cleanup(&[&spec.queue]).await;
+    }
+
     /// Deletes the test's queues (and their DLQs) and exchange.
     pub async fn cleanup(self, queues: &[&str]) {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
@@ -246,6 +261,7 @@ pub fn envelope(
         event_version: 1,
         occurred_at: chrono::Utc::now(),
         payload: json!({ "amount": amount }),
+        aggregate_seq: None,
     }
 }
 

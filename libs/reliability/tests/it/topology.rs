@@ -20,12 +20,7 @@ fn subscribers(broker: &Broker) -> Vec<QueueSpec> {
         ("reltest.topo.added.", "svc.Added"),
     ]
     .into_iter()
-    .map(|(prefix, binding)| QueueSpec {
-        queue: unique(prefix),
-        exchange: broker.exchange.clone(),
-        bindings: vec![binding.into()],
-        delivery_limit: 10,
-    })
+    .map(|(prefix, binding)| QueueSpec::new(&unique(prefix), &broker.exchange, &[binding]))
     .collect()
 }
 

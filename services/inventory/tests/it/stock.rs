@@ -22,6 +22,7 @@ fn envelope(id: i64, event_type: &str, payload: Value) -> Envelope {
         event_version: 1,
         occurred_at: chrono::Utc::now(),
         payload,
+        aggregate_seq: None,
     }
 }
 

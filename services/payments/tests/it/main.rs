@@ -110,6 +110,7 @@ impl TestApp {
             event_version: 1,
             occurred_at: chrono::Utc::now(),
             payload: json!({"order_id": order_id, "customer_id": customer, "currency": "EUR", "total_cents": total}),
+            aggregate_seq: None,
         };
         consumer.apply(&e).await.unwrap();
     }

@@ -42,6 +42,7 @@ fn life(order_id: i64) -> Vec<Envelope> {
         event_version: 1,
         occurred_at: chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap(),
         payload,
+        aggregate_seq: None,
     };
     vec![
         e(
@@ -147,12 +148,14 @@ async fn a_cancelled_order_shows_its_reservation_released() {
         event_type: event::PAYMENT_FAILED.into(),
         source: "payments".into(),
         payload: json!({"order_id": 3, "payment_id": 1, "reason": "declined"}),
+        aggregate_seq: None,
         ..events[0].clone()
     });
     events.push(Envelope {
         id: 10_000,
         event_type: event::ORDER_CANCELLED.into(),
         payload: json!({"order_id": 3, "reason": "payment_failed: declined"}),
+        aggregate_seq: None,
         ..events[0].clone()
     });
     for e in events.iter().rev() {

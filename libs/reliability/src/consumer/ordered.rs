@@ -1,0 +1,183 @@
+//! An ordered subscription's gate (docs/adr/0028): inside the apply's
+//! transaction, under the aggregate's lock, each fresh event is applied,
+//! or parked behind its aggregate's parked events, or parks its aggregate
+//! because it came out of order; the positions advance with the commit.
+
+use std::collections::HashMap;
+
+use crate::TenantTx;
+use crate::outbox::Envelope;
+
+use super::{ApplyError, Consumer, Handler};
+
+/// What the gate decided for one fresh event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Gate {
+    Apply,
+    /// Into the parked store: behind its parked aggregate (None), or as
+    /// the first event of a newly parked one (the reason).
+    Park(Option<String>),
+}
+
+/// `(source, aggregate_type, aggregate_id)`: the unit of order.
+type Key = (String, String, String);
+
+fn key(e: &Envelope) -> Key {
+    (
+        e.source.clone(),
+        e.aggregate_type.clone(),
+        e.aggregate_id.clone(),
+    )
+}
+
+impl<H: Handler> Consumer<H> {
+    pub(super) fn is_ordered(&self) -> bool {
+        self.config.queue.is_ordered()
+    }
+
+    /// The gate for each of one tenant's fresh `events`, in their order:
+    /// one statement reads their aggregates' positions and whether each is
+    /// parked. The caller holds every aggregate's lock.
+    pub(super) async fn gate(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+    ) -> Result<Vec<Gate>, ApplyError> {
+        let mut keys: Vec<Key> = events.iter().map(|e| key(e)).collect();
+        keys.sort();
+        keys.dedup();
+        let (sources, types, ids) = split(&keys);
+        let rows: Vec<(String, String, String, Option<i64>, bool)> = sqlx::query_as(
+            "SELECT k.source, k.aggregate_type, k.aggregate_id, p.last_seq, a.tenant_id IS NOT NULL
+             FROM unnest($3::text[], $4::text[], $5::text[]) AS k (source, aggregate_type, aggregate_id)
+             LEFT JOIN aggregate_positions p
+                    ON (p.tenant_id, p.consumer, p.source, p.aggregate_type, p.aggregate_id)
+                     = ($1, $2, k.source, k.aggregate_type, k.aggregate_id)
+             LEFT JOIN parked_aggregates a
+                    ON (a.tenant_id, a.consumer, a.source, a.aggregate_type, a.aggregate_id)
+                     = ($1, $2, k.source, k.aggregate_type, k.aggregate_id)",
+        )
+        .bind(tx.tenant().get())
+        .bind(&self.config.name)
+        .bind(&sources)
+        .bind(&types)
+        .bind(&ids)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut state: HashMap<Key, (Option<i64>, bool)> = rows
+            .into_iter()
+            .map(|(s, t, i, last, parked)| ((s, t, i), (last, parked)))
+            .collect();
+        let mut gates = Vec::with_capacity(events.len());
+        for e in events {
+            let (last, parked) = state.entry(key(e)).or_insert((None, false));
+            let gate = if *parked {
+                Gate::Park(None)
+            } else if let (Some(seq), Some(at)) = (e.aggregate_seq, *last)
+                && seq <= at
+            {
+                *parked = true;
+                Gate::Park(Some(format!(
+                    "out of order: event {} of {} arrived after event {at} was applied",
+                    seq,
+                    e.aggregate_key()
+                )))
+            } else {
+                if let Some(seq) = e.aggregate_seq {
+                    *last = Some(seq);
+                }
+                Gate::Apply
+            };
+            gates.push(gate);
+        }
+        Ok(gates)
+    }
+
+    /// Advances the positions of the `applied` events' aggregates.
+    pub(super) async fn advance(
+        &self,
+        tx: &mut TenantTx,
+        applied: &[&Envelope],
+    ) -> Result<(), ApplyError> {
+        let mut top: HashMap<Key, i64> = HashMap::new();
+        for e in applied {
+            if let Some(seq) = e.aggregate_seq {
+                let at = top.entry(key(e)).or_insert(seq);
+                *at = (*at).max(seq);
+            }
+        }
+        if top.is_empty() {
+            return Ok(());
+        }
+        let mut rows: Vec<(Key, i64)> = top.into_iter().collect();
+        rows.sort();
+        let keys: Vec<Key> = rows.iter().map(|(k, _)| k.clone()).collect();
+        let seqs: Vec<i64> = rows.iter().map(|(_, s)| *s).collect();
+        let (sources, types, ids) = split(&keys);
+        sqlx::query(
+            "INSERT INTO aggregate_positions (tenant_id, consumer, source, aggregate_type, aggregate_id, last_seq)
+             SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[])
+             ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
+             SET last_seq = GREATEST(aggregate_positions.last_seq, EXCLUDED.last_seq), updated_at = now()",
+        )
+        .bind(tx.tenant().get())
+        .bind(&self.config.name)
+        .bind(&sources)
+        .bind(&types)
+        .bind(&ids)
+        .bind(&seqs)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Puts `event` in the parked store: the first of its aggregate (with
+    /// `reason`) or behind the ones there. The event is recorded as seen
+    /// already, so its redeliveries are duplicates.
+    pub(super) async fn park(
+        &self,
+        tx: &mut TenantTx,
+        event: &Envelope,
+        reason: Option<&str>,
+    ) -> Result<(), ApplyError> {
+        let envelope =
+            serde_json::to_value(event).map_err(|e| super::HandlerError::Permanent(Box::new(e)))?;
+        sqlx::query(
+            "WITH head AS (
+                 INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
+                 VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'parked'))
+                 ON CONFLICT DO NOTHING
+             )
+             INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
+                                        message_id, aggregate_seq, event_type, envelope)
+             VALUES ($1, $2, $3, $4, $5, $7, $8, $9, $10)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(tx.tenant().get())
+        .bind(&self.config.name)
+        .bind(&event.source)
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .bind(reason)
+        .bind(event.id)
+        .bind(event.aggregate_seq)
+        .bind(&event.event_type)
+        .bind(envelope)
+        .execute(&mut **tx)
+        .await?;
+        metrics::counter!(crate::metrics::CONSUMER_PARKED, "consumer" => self.config.name.clone())
+            .increment(1);
+        if let Some(reason) = reason {
+            tracing::error!(consumer = %self.config.name, tenant_id = event.tenant_id, aggregate = %event.aggregate_key(),
+                            message_id = %event.message_id(), error = %reason, "aggregate parked; its later events wait behind it");
+        }
+        Ok(())
+    }
+}
+
+fn split(keys: &[Key]) -> (Vec<&str>, Vec<&str>, Vec<&str>) {
+    let sources = keys.iter().map(|k| k.0.as_str()).collect();
+    let types = keys.iter().map(|k| k.1.as_str()).collect();
+    let ids = keys.iter().map(|k| k.2.as_str()).collect();
+    (sources, types, ids)
+}

@@ -1,0 +1,343 @@
+//! Parked aggregates (docs/adr/0028): what operators see and do
+//! (`reliability park list|unpark|skip`, as the owner role), and the
+//! consumer's side of an unpark: it replays the aggregate's parked events
+//! in order through the handler, then lets the aggregate flow again.
+//!
+//! The operator only asks (`release_requested_at`): the replay needs the
+//! handler, so the consumer does it, under the aggregate's lock, one event
+//! per transaction, beside its lanes and its other replicas.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::Envelope;
+use crate::{Result, TenantId, TenantTx};
+
+use super::{Consumer, Handler, HandlerError, lock_id};
+
+/// How often a consumer with an ordered subscription looks for released
+/// aggregates and refreshes its parked gauges.
+const PARK_POLL: Duration = Duration::from_secs(1);
+
+/// A parked aggregate as an operator sees it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct ParkedAggregate {
+    pub consumer: String,
+    pub tenant_id: i64,
+    pub source: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// Why its first event was parked.
+    pub error: String,
+    pub parked_at: DateTime<Utc>,
+    /// An unpark was asked for and the consumer has not finished it.
+    pub release_requested: bool,
+    /// Events waiting, the first included.
+    pub waiting: i64,
+    pub first_message_id: Option<i64>,
+    pub first_event_type: Option<String>,
+    pub first_seq: Option<i64>,
+}
+
+/// One parked event (what `skip` removed or would remove).
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct ParkedEvent {
+    pub message_id: i64,
+    pub event_type: String,
+    pub aggregate_seq: Option<i64>,
+    pub envelope: serde_json::Value,
+}
+
+/// Every parked aggregate, or one consumer's, oldest first.
+pub async fn parked(owner: &PgPool, consumer: Option<&str>) -> Result<Vec<ParkedAggregate>> {
+    Ok(sqlx::query_as(
+        "SELECT a.consumer, a.tenant_id, a.source, a.aggregate_type, a.aggregate_id, a.error, a.parked_at,
+                a.release_requested_at IS NOT NULL AS release_requested,
+                (SELECT count(*) FROM parked_events e
+                 WHERE (e.tenant_id, e.consumer, e.source, e.aggregate_type, e.aggregate_id)
+                     = (a.tenant_id, a.consumer, a.source, a.aggregate_type, a.aggregate_id)) AS waiting,
+                f.message_id AS first_message_id, f.event_type AS first_event_type, f.aggregate_seq AS first_seq
+         FROM parked_aggregates a
+         LEFT JOIN LATERAL (
+             SELECT message_id, event_type, aggregate_seq FROM parked_events e
+             WHERE (e.tenant_id, e.consumer, e.source, e.aggregate_type, e.aggregate_id)
+                 = (a.tenant_id, a.consumer, a.source, a.aggregate_type, a.aggregate_id)
+             ORDER BY position LIMIT 1) f ON true
+         WHERE $1::text IS NULL OR a.consumer = $1
+         ORDER BY a.parked_at, a.tenant_id, a.aggregate_type, a.aggregate_id",
+    )
+    .bind(consumer)
+    .fetch_all(owner)
+    .await?)
+}
+
+/// Asks `consumer` to replay the aggregate's parked events in order and
+/// resume it (after the handler was fixed, or the cause outside it).
+/// Returns whether such a parked aggregate exists.
+pub async fn unpark(
+    owner: &PgPool,
+    consumer: &str,
+    tenant: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<bool> {
+    let n = sqlx::query(
+        "UPDATE parked_aggregates SET release_requested_at = now()
+         WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4",
+    )
+    .bind(consumer)
+    .bind(tenant)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .execute(owner)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// Removes the aggregate's first parked event, never to be applied (or,
+/// with `dry_run`, only says which it is). The others stay parked until an
+/// unpark; if it was the only one, the aggregate flows again.
+pub async fn skip_first(
+    owner: &PgPool,
+    consumer: &str,
+    tenant: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    dry_run: bool,
+) -> Result<Option<ParkedEvent>> {
+    let mut tx = owner.begin().await?;
+    let first: Option<(i64, ParkedEvent)> =
+        sqlx::query_as::<_, (i64, i64, String, Option<i64>, serde_json::Value)>(
+            "SELECT position, message_id, event_type, aggregate_seq, envelope FROM parked_events
+         WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
+         ORDER BY position LIMIT 1 FOR UPDATE",
+        )
+        .bind(consumer)
+        .bind(tenant)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(
+            |(position, message_id, event_type, aggregate_seq, envelope)| {
+                (
+                    position,
+                    ParkedEvent {
+                        message_id,
+                        event_type,
+                        aggregate_seq,
+                        envelope,
+                    },
+                )
+            },
+        );
+    let Some((position, event)) = first else {
+        return Ok(None);
+    };
+    if dry_run {
+        return Ok(Some(event));
+    }
+    sqlx::query(
+        "DELETE FROM parked_events WHERE consumer = $1 AND tenant_id = $2 AND position = $3",
+    )
+    .bind(consumer)
+    .bind(tenant)
+    .bind(position)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "DELETE FROM parked_aggregates a
+         WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
+           AND NOT EXISTS (SELECT 1 FROM parked_events e
+                           WHERE (e.tenant_id, e.consumer, e.source, e.aggregate_type, e.aggregate_id)
+                               = (a.tenant_id, a.consumer, a.source, a.aggregate_type, a.aggregate_id))",
+    )
+    .bind(consumer)
+    .bind(tenant)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Some(event))
+}
+
+/// One row of `parked_overview`: what a consumer sees across tenants.
+#[derive(sqlx::FromRow)]
+struct Overview {
+    tenant_id: i64,
+    source: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    parked_at: DateTime<Utc>,
+    release_requested: bool,
+}
+
+/// How a replay step ended.
+enum Step {
+    Replayed,
+    Resumed,
+    Failed(String),
+}
+
+impl<H: Handler> Consumer<H> {
+    /// Until `stop`: refreshes the parked gauges and replays the aggregates
+    /// an operator released. A failed look is logged and tried again.
+    pub(super) async fn release_loop(&self, stop: &CancellationToken) {
+        loop {
+            if let Err(e) = self.release_pass().await {
+                tracing::warn!(consumer = %self.config.name, error = %e, "cannot look at parked aggregates; trying again");
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(PARK_POLL) => {}
+            }
+        }
+    }
+
+    async fn release_pass(&self) -> Result<()> {
+        let rows: Vec<Overview> = sqlx::query_as("SELECT * FROM parked_overview($1)")
+            .bind(&self.config.name)
+            .fetch_all(&self.pool)
+            .await?;
+        let name = self.config.name.clone();
+        let oldest = rows
+            .iter()
+            .map(|r| (Utc::now() - r.parked_at).num_milliseconds() as f64 / 1000.0)
+            .fold(0.0, f64::max);
+        metrics::gauge!(crate::metrics::CONSUMER_PARKED_AGGREGATES, "consumer" => name.clone())
+            .set(rows.len() as f64);
+        metrics::gauge!(crate::metrics::CONSUMER_PARKED_OLDEST, "consumer" => name).set(oldest);
+        for r in rows.iter().filter(|r| r.release_requested) {
+            self.release(r).await?;
+        }
+        Ok(())
+    }
+
+    /// Replays one released aggregate's parked events in order, one per
+    /// transaction, until none is left (the aggregate resumes) or one fails
+    /// again (it stays parked with the new error, the request cleared).
+    async fn release(&self, r: &Overview) -> Result<()> {
+        let tenant = TenantId::new(r.tenant_id)?;
+        let aggregate = format!("{}:{}", r.aggregate_type, r.aggregate_id);
+        let mut replayed = 0;
+        loop {
+            match self.replay_first(tenant, r).await? {
+                Step::Replayed => replayed += 1,
+                Step::Resumed => {
+                    tracing::info!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, "parked aggregate replayed in order; it flows again");
+                    return Ok(());
+                }
+                Step::Failed(error) => {
+                    tracing::error!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, %error, "replaying a parked aggregate failed; it stays parked");
+                    let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+                    sqlx::query(
+                        "UPDATE parked_aggregates SET error = $5, release_requested_at = NULL
+                         WHERE tenant_id = $1 AND consumer = $2 AND source = $3
+                           AND aggregate_type = $4 AND aggregate_id = $6",
+                    )
+                    .bind(r.tenant_id)
+                    .bind(&self.config.name)
+                    .bind(&r.source)
+                    .bind(&r.aggregate_type)
+                    .bind(&error)
+                    .bind(&r.aggregate_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Applies the aggregate's first parked event (or, none left, removes
+    /// the park), under the same locks a lane takes for it.
+    async fn replay_first(&self, tenant: TenantId, r: &Overview) -> Result<Step> {
+        let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+        // The locks of the event first seen, in the lanes' order; then look
+        // again, as the first may have changed meanwhile.
+        let mut locks = vec![lock_id(
+            &self.config.name,
+            r.tenant_id,
+            &format!("{}:{}", r.aggregate_type, r.aggregate_id),
+        )];
+        if let Some(peek) = self.first_parked(&mut tx, r).await? {
+            let event: Envelope = serde_json::from_value(peek)?;
+            if let Some(k) = self.handler.lock_key(&event) {
+                locks.push(lock_id(&self.config.name, r.tenant_id, &k));
+            }
+        }
+        locks.sort_unstable();
+        locks.dedup();
+        sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k")
+            .bind(&locks)
+            .execute(&mut *tx)
+            .await?;
+        let Some(raw) = self.first_parked(&mut tx, r).await? else {
+            sqlx::query(
+                "DELETE FROM parked_aggregates
+                 WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND aggregate_type = $4 AND aggregate_id = $5",
+            )
+            .bind(r.tenant_id)
+            .bind(&self.config.name)
+            .bind(&r.source)
+            .bind(&r.aggregate_type)
+            .bind(&r.aggregate_id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(Step::Resumed);
+        };
+        let event: Envelope = serde_json::from_value(raw)?;
+        let applied: std::result::Result<(), HandlerError> = async {
+            self.handler.prepare(&mut tx, &[&event]).await?;
+            self.handler.handle(&mut tx, &event).await
+        }
+        .await;
+        match applied {
+            Ok(()) => {}
+            // An outage: the next pass tries again, the request kept.
+            Err(HandlerError::Database(e)) => return Err(e.into()),
+            // Rolled back: the event stays first.
+            Err(e) => return Ok(Step::Failed(e.to_string())),
+        }
+        sqlx::query(
+            "DELETE FROM parked_events WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND message_id = $4",
+        )
+        .bind(r.tenant_id)
+        .bind(&self.config.name)
+        .bind(&r.source)
+        .bind(event.id)
+        .execute(&mut *tx)
+        .await?;
+        self.advance(&mut tx, &[&event])
+            .await
+            .map_err(|e| crate::Error::Upstream(e.to_string()))?;
+        tx.commit().await?;
+        Ok(Step::Replayed)
+    }
+
+    async fn first_parked(
+        &self,
+        tx: &mut TenantTx,
+        r: &Overview,
+    ) -> sqlx::Result<Option<serde_json::Value>> {
+        sqlx::query_scalar(
+            "SELECT envelope FROM parked_events
+             WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND aggregate_type = $4 AND aggregate_id = $5
+             ORDER BY position LIMIT 1",
+        )
+        .bind(r.tenant_id)
+        .bind(&self.config.name)
+        .bind(&r.source)
+        .bind(&r.aggregate_type)
+        .bind(&r.aggregate_id)
+        .fetch_optional(&mut **tx)
+        .await
+    }
+}
