@@ -81,6 +81,10 @@ else
   as_root rabbitmq-server -detached
   as_root rabbitmqctl -q await_startup
 fi
+# Ordered subscriptions partition through a consistent-hash exchange
+# (docs/adr/0028); the plugin ships with RabbitMQ, off by default.
+say "RabbitMQ: enabling rabbitmq_consistent_hash_exchange"
+as_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
 
 # Local authentication. Trust (the servers we test on) needs nothing.
 if psql "postgres://postgres@$PG_HOST:$PG_PORT/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then

@@ -89,6 +89,12 @@ fi
 echo "RabbitMQ ($AMQP_HOST:$AMQP_PORT)"
 if tcp_open "$AMQP_HOST" "$AMQP_PORT"; then ok "accepting connections"
 else bad "RabbitMQ is not listening on $AMQP_HOST:$AMQP_PORT" "rabbitmq-server -detached   (or: make deps)"; fi
+# Ordered subscriptions (ADR 0028) need the consistent-hash exchange; only
+# a user who may reach the node can ask it.
+if has rabbitmq-plugins && plugins=$(timeout 20 rabbitmq-plugins -q list -e -m 2>/dev/null); then
+  if echo "$plugins" | grep -qx rabbitmq_consistent_hash_exchange; then ok "rabbitmq_consistent_hash_exchange enabled"
+  else bad "rabbitmq_consistent_hash_exchange is off (ordered subscriptions need it)" "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange   (or: make deps)"; fi
+fi
 
 # make e2e makes servers of its own from the installed packages (ADR 0023).
 echo "make e2e's own servers"

@@ -372,7 +372,11 @@ impl World {
         std::fs::write(self.root.join("epmd.pid"), epmd.id().to_string())?;
         for node in &self.nodes {
             std::fs::create_dir_all(&node.dir)?;
-            std::fs::write(node.dir.join("enabled_plugins"), "[].\n")?;
+            // Ordered subscriptions partition through it (docs/adr/0028).
+            std::fs::write(
+                node.dir.join("enabled_plugins"),
+                "[rabbitmq_consistent_hash_exchange].\n",
+            )?;
             std::fs::write(node.dir.join("rabbitmq-env.conf"), "")?;
             std::fs::write(
                 node.dir.join("rabbitmq.conf"),

@@ -99,3 +99,76 @@ fn help_names_the_variables_it_reads_but_never_their_values() {
         assert!(!help.contains(secret), "{args:?} printed a secret:\n{help}");
     }
 }
+
+#[tokio::test]
+async fn park_lists_a_parked_aggregate_skips_after_a_dry_run_and_asks_for_an_unpark() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
+         VALUES (3, 'shop.orders', 'svc', 'order', '9', 'permanent: no such sku');
+         INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
+                                    message_id, aggregate_seq, event_type, envelope)
+         VALUES (3, 'shop.orders', 'svc', 'order', '9', 41, 2, 'Shipped', '{\"payload\": {\"sku\": \"x\"}}'),
+                (3, 'shop.orders', 'svc', 'order', '9', 44, 3, 'Delivered', '{}')",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let out = cli(&db, &["--json", "park", "list"]);
+    let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            &row["aggregate_id"],
+            &row["waiting"],
+            &row["first_message_id"],
+            &row["error"]
+        ),
+        (
+            &"9".into(),
+            &2.into(),
+            &41.into(),
+            &"permanent: no such sku".into()
+        )
+    );
+    let target = ["--consumer", "shop.orders", "--tenant", "3", "order:9"];
+
+    let out = cli(&db, &[&["park", "skip", "--dry-run"][..], &target].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("message 41 (Shipped, number 2)"));
+    let out = cli(&db, &[&["park", "skip"][..], &target].concat());
+    assert!(!out.status.success(), "no --yes, no terminal: refused");
+    let waiting = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM parked_events")
+            .fetch_one(&db.owner)
+            .await
+            .unwrap()
+    };
+    assert_eq!(waiting().await, 2);
+
+    let out = cli(&db, &[&["park", "skip", "--yes"][..], &target].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(waiting().await, 1);
+
+    let out = cli(&db, &[&["park", "unpark", "--yes"][..], &target].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let requested: bool = sqlx::query_scalar(
+        "SELECT release_requested_at IS NOT NULL FROM parked_aggregates WHERE aggregate_id = '9'",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert!(requested, "the consumer is asked to replay it");
+    db.cleanup().await;
+}

@@ -1,11 +1,12 @@
 //! `reliability`: the operator's tool over every service database and the
 //! broker. `status` and `explain` look across all of them; `outbox`,
-//! `queue`, `offsets`, `idempotency` and `maintenance` act on one. Database
+//! `queue`, `offsets`, `park`, `idempotency` and `maintenance` act on one. Database
 //! URLs come from the environment the services read (`<SERVICE>_DATABASE_URL`),
 //! so with `make up` none is needed. Every command that changes something
 //! takes `--dry-run` and asks first (or `--yes`).
 
 mod outbox;
+mod park;
 mod queue;
 mod render;
 mod target;
@@ -146,6 +147,14 @@ enum Command {
         db: Db,
         #[command(subcommand)]
         command: outbox::OffsetsCommand,
+    },
+    /// An ordered subscription's parked aggregates, in one service's
+    /// database: list, unpark (replay in order, then resume), skip.
+    Park {
+        #[command(flatten)]
+        db: Db,
+        #[command(subcommand)]
+        command: park::ParkCommand,
     },
     /// Idempotency-Keys stored in one service's database.
     Idempotency {
@@ -345,6 +354,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Offsets { db, command } => {
             outbox::offsets(&db.pool().await?, command, json).await?
         }
+        Command::Park { db, command } => park::run(&db.pool().await?, command, json).await?,
         Command::Idempotency { db, command } => {
             outbox::idempotency(&db.pool().await?, command, json).await?;
         }
