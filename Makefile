@@ -83,12 +83,12 @@ check-compose: ## validate the compose stack (docker compose config where availa
 	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi
 	python3 compose/check.py
 
-new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085]
-	scripts/new-service.sh "$(NAME)" $(PORT)
+new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085] [ORDERED=4 (partitions: its consumer ordered per aggregate, ADR 0028)]
+	scripts/new-service.sh "$(NAME)" $(PORT) $(if $(ORDERED),--ordered $(ORDERED))
 
-template-check: ## generate a throwaway service, lint it (rustfmt, clippy -D warnings), run its tests, remove it (CI)
+template-check: ## generate a throwaway service (its consumer ordered, the flag's path), lint it (rustfmt, clippy -D warnings), run its tests, remove it (CI)
 	@git diff --quiet -- scripts/stack.sh compose Cargo.lock || { echo "template-check needs a clean scripts/stack.sh, compose/ and Cargo.lock" >&2; exit 1; }
-	scripts/new-service.sh tmplcheck
+	scripts/new-service.sh tmplcheck --ordered 4
 	status=0; cargo fmt -p tmplcheck -- --check && cargo clippy -p tmplcheck --all-targets --all-features --locked -- -D warnings \
 	  && cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Creates a service from templates/service: `make new-service NAME=shipping [PORT=8085]`.
+# Creates a service from templates/service:
+# `make new-service NAME=shipping [PORT=8085] [ORDERED=4]`
+# (scripts/new-service.sh NAME [PORT] [--ordered K]). With ORDERED its
+# consumer's subscription is ordered per aggregate over K partitions (ADR 0028).
 # The crate, its migrations folder, and its entries in `make up`, the compose
 # file and Prometheus. See docs/template.md for what to change next.
 set -euo pipefail
@@ -9,8 +12,16 @@ die() { echo "new-service: $*" >&2; exit 1; }
 name=${1:-}
 [[ $name =~ ^[a-z][a-z0-9_]{1,30}$ ]] || die "NAME must be 2 to 31 lower-case letters, digits or _, starting with a letter (got '${name}')"
 [[ ! -e services/$name && ! -e migrations/$name ]] || die "services/$name or migrations/$name exists already"
+shift
+port='' ordered=''
+while (($#)); do
+  case $1 in
+    --ordered) ordered=${2:-}; shift 2 || die "--ordered needs a partition count" ;;
+    *) [[ -z $port ]] || die "unexpected argument '$1'"; port=$1; shift ;;
+  esac
+done
+[[ -z $ordered || $ordered =~ ^[1-9][0-9]?$ ]] || die "--ordered takes a partition count from 1 to 99 (got '$ordered')"
 used=$(grep -oE '[a-z_-]+:80[0-9]{2}' scripts/stack.sh | cut -d: -f2)
-port=${2:-}
 if [[ -z $port ]]; then
   port=8085
   while grep -qx "$port" <<<"$used" || [[ $port == 8090 ]]; do port=$((port + 1)); done
@@ -23,6 +34,10 @@ mkdir -p "migrations/$name"
 cp templates/migration/1001.sql "migrations/$name/1001_$name.sql"
 grep -rl '__SERVICE__\|__ENV__\|__PORT__' "services/$name" "migrations/$name" \
   | xargs sed -i "s/__SERVICE__/$name/g; s/__ENV__/$env/g; s/__PORT__/$port/g"
+if [[ -n $ordered ]]; then
+  perl -0pi -e "s/(Subscription::new\([^;]*\));/\1.ordered($ordered);/" "services/$name/src/audit.rs"
+  grep -q ".ordered($ordered)" "services/$name/src/audit.rs" || die "could not make the subscription ordered"
+fi
 
 # make up
 sed -i "s/^SERVICES=\"\\(.*\\)\"/SERVICES=\"\\1 $name:$port\"/" scripts/stack.sh

@@ -282,9 +282,11 @@ pub async fn wait_for_queues(queues: &[String]) {
     let _ = conn.close(200, "queues seen".into()).await;
 }
 
-/// Deletes a test's queues (with their DLQs) and exchange (with its DLX).
-/// Quorum queues are Raft groups: left behind, hundreds of them slow the
-/// whole broker down.
+/// Deletes a test's queues (with their DLQs, and for an ordered
+/// subscription's queue its partitions' exchange) and exchange (with its
+/// DLX). Quorum queues are Raft groups: left behind, hundreds of them slow
+/// the whole broker down. Pass an ordered subscription's `queues()` and
+/// its `queue`.
 pub async fn delete_broker_objects(queues: &[String], exchange: &str) {
     use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
     let Ok(conn) = crate::broker::connect(&amqp_url(), "reliability-tests-cleanup").await else {
@@ -300,10 +302,11 @@ pub async fn delete_broker_objects(queues: &[String], exchange: &str) {
                 .await;
         }
     }
-    for name in [
+    let partitions = queues.iter().map(|q| format!("{q}.partitions"));
+    for name in partitions.chain([
         exchange.to_owned(),
         crate::broker::dead_letter_exchange(exchange),
-    ] {
+    ]) {
         let _ = channel
             .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
             .await;

@@ -11,7 +11,8 @@ struct TestApp {
     api: ApiClient,
     db: TestDb,
     stop: ShutdownToken,
-    queue: String,
+    /// The consumer's queues: its queue, or its partitions and its name.
+    queues: Vec<String>,
     exchange: String,
 }
 
@@ -33,13 +34,21 @@ impl TestApp {
         let app = service::start(&__SERVICE__::SERVICE, settings, db.databases(), stop.clone()).await.unwrap();
         let api = ApiClient::new(app.port(), jwt);
         tokio::spawn(app.run_until_stopped());
-        let queue = format!("{}{}", common_prefix, __SERVICE__::audit::CONSUMER);
-        reliability::testing::wait_for_queues(std::slice::from_ref(&queue)).await;
+        let spec = reliability::broker::QueueSpec::for_subscription(
+            &__SERVICE__::audit::SUBSCRIPTION,
+            &exchange,
+            &common_prefix,
+        );
+        reliability::testing::wait_for_queues(&spec.queues()).await;
+        let mut queues = spec.queues();
+        if spec.is_ordered() {
+            queues.push(spec.queue.clone());
+        }
         Self {
             api,
             db,
             stop,
-            queue,
+            queues,
             exchange,
         }
     }
@@ -53,7 +62,7 @@ impl TestApp {
 
     async fn stop(self) {
         self.stop.cancel();
-        reliability::testing::delete_broker_objects(std::slice::from_ref(&self.queue), &self.exchange).await;
+        reliability::testing::delete_broker_objects(&self.queues, &self.exchange).await;
         self.db.cleanup().await;
     }
 }
