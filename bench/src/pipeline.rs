@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Sizes, Table, cpu_self, pct, rawamqp};
 
-const STATE_SQL: &str = "
+pub(crate) const STATE_SQL: &str = "
 CREATE TABLE bench_state (
     tenant_id bigint NOT NULL, aggregate_id text NOT NULL, applied bigint NOT NULL,
     PRIMARY KEY (tenant_id, aggregate_id));
@@ -32,7 +32,7 @@ CREATE POLICY tenant_isolation ON bench_state
 GRANT SELECT, INSERT, UPDATE ON bench_state TO commerce_app;";
 
 /// One upsert per event: the smallest real piece of state a consumer keeps.
-struct Upsert;
+pub(crate) struct Upsert;
 
 impl Handler for Upsert {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
@@ -106,7 +106,7 @@ impl Publish {
 /// Publishes `messages` as fast as the broker confirms them: at most
 /// `WINDOW` unconfirmed at any time, each confirm awaited in order, no
 /// barrier between batches. Fails on any return or nack.
-async fn sliding_window_publish(
+pub(crate) async fn sliding_window_publish(
     channel: &lapin::Channel,
     exchange: &str,
     messages: &[Outgoing],

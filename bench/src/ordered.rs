@@ -1,0 +1,148 @@
+//! The ordered path's apply rate next to the order-free one (ADR 0028),
+//! in the same run: the same events, the same handler, the same replicas
+//! and lanes; only the subscription differs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reliability::broker::{self, Outgoing, QueueSpec};
+use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::outbox::Envelope;
+use reliability::testing::{TestDb, amqp_url, unique};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::{STATE_SQL, Upsert, sliding_window_publish};
+use crate::{Sizes, Table, pct};
+
+/// Partitions of the ordered subscription, replicas and lanes of both.
+const PARTITIONS: u16 = 4;
+const REPLICAS: usize = 2;
+const LANES: usize = 4;
+
+/// `m` events over 100 tenants and 1000 aggregates, numbered in each
+/// aggregate as a relay with an ordered subscriber numbers them.
+fn messages(m: u64) -> anyhow::Result<Vec<Outgoing>> {
+    let mut seq = std::collections::HashMap::<(i64, i64), i64>::new();
+    (1..=i64::try_from(m)?)
+        .map(|id| {
+            let (tenant, aggregate) = (1 + id % 100, id % 1000);
+            let n = seq.entry((tenant, aggregate)).or_insert(0);
+            *n += 1;
+            let e = Envelope {
+                id,
+                source: "bench".into(),
+                tenant_id: tenant,
+                aggregate_type: "order".into(),
+                aggregate_id: aggregate.to_string(),
+                event_type: "OrderPlaced".into(),
+                event_version: 1,
+                occurred_at: Default::default(),
+                payload: json!({"order_id": id, "total_cents": 2500}),
+                aggregate_seq: Some(*n),
+            };
+            let headers: serde_json::Map<String, Value> = serde_json::from_value(json!({
+                broker::PARTITION_HEADER: format!("{tenant}/{}", e.aggregate_key()),
+            }))?;
+            Ok(Outgoing {
+                routing_key: e.routing_key(),
+                message_id: e.message_id(),
+                kind: e.event_type.clone(),
+                headers: broker::headers_from_json(&headers),
+                body: serde_json::to_vec(&e)?,
+            })
+        })
+        .collect()
+}
+
+/// Applies what waits in `spec`'s queues with `REPLICAS` consumers of
+/// `LANES` lanes each; events per second.
+async fn apply(db: &TestDb, spec: &QueueSpec, m: u64) -> anyhow::Result<f64> {
+    let mut config = ConsumerConfig::new(&spec.queue, &spec.exchange, &[]);
+    config.queue = spec.clone();
+    config.lanes = LANES;
+    let running: Vec<_> = (0..REPLICAS)
+        .map(|_| {
+            Arc::new(Consumer::new(
+                db.app.clone(),
+                &amqp_url(),
+                config.clone(),
+                Upsert,
+            ))
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let t0 = Instant::now();
+    let tasks: Vec<_> = running
+        .iter()
+        .map(|c| {
+            let (c, stop) = (c.clone(), stop.clone());
+            tokio::spawn(async move { c.run(stop).await })
+        })
+        .collect();
+    let deadline = t0 + Duration::from_secs(600);
+    let finished = || running.iter().map(|c| c.stats().finished()).sum::<u64>();
+    while finished() < m {
+        anyhow::ensure!(Instant::now() < deadline, "consumer too slow");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = finished() as f64 / t0.elapsed().as_secs_f64();
+    stop.cancel();
+    for task in tasks {
+        task.await??;
+    }
+    let parked: u64 = running.iter().map(|c| c.stats().parked).sum();
+    anyhow::ensure!(parked == 0, "{parked} events parked");
+    Ok(rate)
+}
+
+pub(crate) async fn ordered_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(STATE_SQL).execute(&db.owner).await?;
+    let exchange = unique("reltest.bench.ord.");
+    let free = QueueSpec::new(&format!("{exchange}.free"), &exchange, &["bench.*"]);
+    let mut ordered = QueueSpec::new(&format!("{exchange}.ordered"), &exchange, &["bench.*"]);
+    ordered.partitions = PARTITIONS;
+    let conn = broker::connect(&amqp_url(), "bench-ordered").await?;
+    let channel = conn.create_channel().await?;
+    broker::declare_exchange(&channel, &exchange).await?;
+    broker::declare_queue(&channel, &free).await?;
+    broker::declare_queue(&channel, &ordered).await?;
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions { nowait: false })
+        .await?;
+    let m = s.consume;
+    let messages = messages(m)?;
+    // Twice each, interleaved, the better run kept. One publish reaches
+    // both subscriptions; each run applies it afresh (its own tables' rows
+    // are forgotten first).
+    let (mut best_free, mut best_ordered) = (0.0_f64, 0.0_f64);
+    for _ in 0..2 {
+        sqlx::raw_sql(
+            "TRUNCATE bench_state, processed_messages, consumer_offsets, aggregate_positions",
+        )
+        .execute(&db.owner)
+        .await?;
+        sliding_window_publish(&channel, &exchange, &messages).await?;
+        best_free = best_free.max(apply(&db, &free, m).await?);
+        best_ordered = best_ordered.max(apply(&db, &ordered, m).await?);
+    }
+    println!(
+        "   consumer apply, {REPLICAS} replicas x {LANES} lanes: order-free {best_free:.0}/s, ordered over {PARTITIONS} partitions {best_ordered:.0}/s"
+    );
+    t.row([
+        &format!(
+            "ordered apply, {m} events, {PARTITIONS} partitions, {REPLICAS} replicas x {LANES} lanes"
+        ),
+        &format!("{best_ordered:.0} events/s"),
+        &format!("order-free, same replicas and lanes, {best_free:.0}/s"),
+        &pct(best_ordered / best_free),
+        ">= 70%",
+    ]);
+    conn.close(200, "bench done".into()).await?;
+    let mut queues = ordered.queues();
+    queues.extend([ordered.queue.clone(), free.queue.clone()]);
+    reliability::testing::delete_broker_objects(&queues, &exchange).await;
+    db.cleanup().await;
+    Ok(())
+}
