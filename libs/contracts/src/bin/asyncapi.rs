@@ -105,6 +105,7 @@ fn message(name: &str, version: i32, source: &str, payload: Value) -> Value {
                 "ce-dataversion": {"const": version.to_string()},
                 "ce-tenantid": text,
                 "traceparent": text,
+                "x-aggregate": {"type": "string", "description": "<tenant>/<aggregate_type>:<aggregate_id>: what an ordered subscription's partition is chosen by (ADR 0028)"},
             },
         },
         "payload": {
@@ -119,6 +120,7 @@ fn message(name: &str, version: i32, source: &str, payload: Value) -> Value {
                 "event_type": {"const": name},
                 "event_version": {"const": version},
                 "occurred_at": {"type": "string", "format": "date-time"},
+                "aggregate_seq": {"type": "integer", "minimum": 1, "description": "the event's number in its aggregate, given by a relay with an ordered subscriber (ADR 0028); absent otherwise"},
                 "payload": payload,
             },
         },

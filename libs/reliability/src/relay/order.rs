@@ -21,7 +21,6 @@
 use std::collections::HashMap;
 
 use crate::Result;
-use crate::broker::QueueSpec;
 
 use super::{Claimed, Relay};
 
@@ -42,9 +41,17 @@ pub(super) const CLAIM_IN_ORDER: &str = "
     FOR UPDATE SKIP LOCKED";
 
 impl Relay {
-    /// Whether any subscriber of this relay's events is ordered.
+    /// Whether an ordered subscription may take this relay's events: one
+    /// with a binding on its source (`<source>.…`, `*.…` or `#…`). Every
+    /// relay declares every queue; only these pay for the order.
     pub(super) fn keeps_order(&self) -> bool {
-        self.config.topology.iter().any(QueueSpec::is_ordered)
+        let source = self.config.source.as_str();
+        self.config
+            .topology
+            .iter()
+            .filter(|q| q.is_ordered())
+            .flat_map(|q| &q.bindings)
+            .any(|b| matches!(b.split('.').next(), Some(w) if w == source || w == "*" || w == "#"))
     }
 }
 
@@ -166,4 +173,29 @@ fn split(keys: &[(i64, String, String)]) -> (Vec<i64>, Vec<&str>, Vec<&str>) {
         keys.iter().map(|k| k.1.as_str()).collect(),
         keys.iter().map(|k| k.2.as_str()).collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::QueueSpec;
+    use crate::relay::RelayConfig;
+
+    fn relay(source: &str, bindings: &[&str], partitions: u16) -> Relay {
+        let mut spec = QueueSpec::new("q", "x", bindings);
+        spec.partitions = partitions;
+        let mut config = RelayConfig::new(source, "x");
+        config.topology = vec![QueueSpec::new("free", "x", &["#"]), spec];
+        let pool = sqlx::PgPool::connect_lazy("postgres://127.0.0.1/none").unwrap();
+        Relay::new(pool, "amqp://127.0.0.1", config)
+    }
+
+    #[tokio::test]
+    async fn only_a_relay_whose_events_an_ordered_subscription_binds_keeps_order() {
+        assert!(relay("orders", &["orders.OrderPlaced"], 4).keeps_order());
+        assert!(relay("orders", &["*.OrderPlaced"], 4).keeps_order());
+        assert!(relay("orders", &["#"], 4).keeps_order());
+        assert!(!relay("payments", &["orders.*"], 4).keeps_order());
+        assert!(!relay("orders", &["orders.*"], 0).keeps_order());
+    }
 }
