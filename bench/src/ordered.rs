@@ -15,10 +15,19 @@ use tokio_util::sync::CancellationToken;
 use crate::pipeline::{STATE_SQL, Upsert, sliding_window_publish};
 use crate::{Sizes, Table, pct};
 
-/// Partitions of the ordered subscription, replicas and lanes of both.
-const PARTITIONS: u16 = 4;
-const REPLICAS: usize = 2;
-const LANES: usize = 4;
+/// Partitions of the ordered subscription, replicas and lanes of both
+/// (`BENCH_ORDERED=partitions,replicas,lanes` to try others).
+fn shape() -> (u16, usize, usize) {
+    let v: Vec<usize> = std::env::var("BENCH_ORDERED")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|x| x.trim().parse().ok())
+        .collect();
+    match v[..] {
+        [k, r, l] => (u16::try_from(k).unwrap_or(4), r, l),
+        _ => (4, 2, 4),
+    }
+}
 
 /// `m` events over 100 tenants and 1000 aggregates, numbered in each
 /// aggregate as a relay with an ordered subscriber numbers them.
@@ -58,10 +67,11 @@ fn messages(m: u64) -> anyhow::Result<Vec<Outgoing>> {
 /// Applies what waits in `spec`'s queues with `REPLICAS` consumers of
 /// `LANES` lanes each; events per second.
 async fn apply(db: &TestDb, spec: &QueueSpec, m: u64) -> anyhow::Result<f64> {
+    let (_, replicas, lanes) = shape();
     let mut config = ConsumerConfig::new(&spec.queue, &spec.exchange, &[]);
     config.queue = spec.clone();
-    config.lanes = LANES;
-    let running: Vec<_> = (0..REPLICAS)
+    config.lanes = lanes;
+    let running: Vec<_> = (0..replicas)
         .map(|_| {
             Arc::new(Consumer::new(
                 db.app.clone(),
@@ -97,12 +107,13 @@ async fn apply(db: &TestDb, spec: &QueueSpec, m: u64) -> anyhow::Result<f64> {
 }
 
 pub(crate) async fn ordered_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
+    let (partitions, replicas, lanes) = shape();
     let db = TestDb::new().await;
     sqlx::raw_sql(STATE_SQL).execute(&db.owner).await?;
     let exchange = unique("reltest.bench.ord.");
     let free = QueueSpec::new(&format!("{exchange}.free"), &exchange, &["bench.*"]);
     let mut ordered = QueueSpec::new(&format!("{exchange}.ordered"), &exchange, &["bench.*"]);
-    ordered.partitions = PARTITIONS;
+    ordered.partitions = partitions;
     let conn = broker::connect(&amqp_url(), "bench-ordered").await?;
     let channel = conn.create_channel().await?;
     broker::declare_exchange(&channel, &exchange).await?;
@@ -124,15 +135,20 @@ pub(crate) async fn ordered_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()
         .execute(&db.owner)
         .await?;
         sliding_window_publish(&channel, &exchange, &messages).await?;
+        let mut shares = Vec::new();
+        for q in ordered.queues() {
+            shares.push(broker::queue_depth(&channel, &q).await?);
+        }
+        println!("   events per partition: {shares:?}");
         best_free = best_free.max(apply(&db, &free, m).await?);
         best_ordered = best_ordered.max(apply(&db, &ordered, m).await?);
     }
     println!(
-        "   consumer apply, {REPLICAS} replicas x {LANES} lanes: order-free {best_free:.0}/s, ordered over {PARTITIONS} partitions {best_ordered:.0}/s"
+        "   consumer apply, {replicas} replicas x {lanes} lanes: order-free {best_free:.0}/s, ordered over {partitions} partitions {best_ordered:.0}/s"
     );
     t.row([
         &format!(
-            "ordered apply, {m} events, {PARTITIONS} partitions, {REPLICAS} replicas x {LANES} lanes"
+            "ordered apply, {m} events, {partitions} partitions, {replicas} replicas x {lanes} lanes"
         ),
         &format!("{best_ordered:.0} events/s"),
         &format!("order-free, same replicas and lanes, {best_free:.0}/s"),

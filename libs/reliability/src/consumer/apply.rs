@@ -45,9 +45,6 @@ impl<H: Handler> Consumer<H> {
             Some(Gate::Apply) => {
                 self.handler.prepare(&mut tx, &[event]).await?;
                 self.handle(&mut tx, event).await?;
-                if self.is_ordered() {
-                    self.advance(&mut tx, &[event]).await?;
-                }
                 self.before_commit()?;
                 Outcome::Applied
             }
@@ -142,9 +139,6 @@ impl<H: Handler> Consumer<H> {
                 let step = apply_span(&self.config, delivery, event);
                 step.run(self.handle(&mut tx, event)).await?;
                 outcomes[i] = Outcome::Applied;
-            }
-            if self.is_ordered() {
-                self.advance(&mut tx, &fresh_events).await?;
             }
         }
         if outcomes.contains(&Outcome::Applied) {

@@ -252,7 +252,7 @@ impl<H: Handler> Consumer<H> {
                 self.config
                     .fail_points
                     .check(failpoint::CONSUMER_AFTER_COMMIT)?;
-                if self.is_ordered() {
+                if self.lane_queues(lane.index).len() > 1 {
                     // Several partitions on one channel: their streams
                     // interleave out of delivery-tag order, so a multiple
                     // ack could settle a delivery not applied yet.

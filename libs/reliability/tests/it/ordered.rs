@@ -477,3 +477,52 @@ async fn skip_removes_the_first_parked_event_and_an_emptied_park_resumes() {
     broker.cleanup_ordered(&spec).await;
     db.cleanup().await;
 }
+
+/// The gate itself, without a broker: an event at or below its aggregate's
+/// position parks the aggregate (never applied late in silence), the later
+/// ones wait behind it, and a gap (events this subscription is not bound
+/// to) is no reason to wait.
+#[tokio::test]
+async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
+    use reliability::consumer::Outcome;
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let mut spec = QueueSpec::new(&unique("reltest.gate."), "x", &["svc.*"]);
+    spec.partitions = 2;
+    let consumer = Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        consumer_config(&spec),
+        Recording::default(),
+    );
+    let event = |id: i64, seq: i64| {
+        let mut e = crate::support::envelope("svc", id, 1, "G", "Changed", 0);
+        e.aggregate_seq = Some(seq);
+        e
+    };
+    let outcomes = [
+        consumer.apply(&event(10, 1)).await.unwrap(),
+        consumer.apply(&event(11, 3)).await.unwrap(),
+        consumer.apply(&event(12, 2)).await.unwrap(),
+        consumer.apply(&event(13, 4)).await.unwrap(),
+        consumer.apply(&event(12, 2)).await.unwrap(),
+    ];
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Parked,
+            Outcome::Parked,
+            Outcome::Duplicate
+        ]
+    );
+    let parked = consumer::parked(&db.owner, None).await.unwrap();
+    assert_eq!((parked.len(), parked[0].waiting), (1, 2));
+    assert!(
+        parked[0].error.contains("out of order: event 2 of test:G"),
+        "{}",
+        parked[0].error
+    );
+    db.cleanup().await;
+}
