@@ -2,17 +2,13 @@
 //! in the same run: the same events, the same handler, the same replicas
 //! and lanes; only the subscription differs.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use reliability::broker::{self, Outgoing, QueueSpec};
-use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::consumer::ConsumerConfig;
 use reliability::outbox::Envelope;
 use reliability::testing::{TestDb, amqp_url, unique};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::pipeline::{STATE_SQL, Upsert, sliding_window_publish};
+use crate::pipeline::{STATE_SQL, apply_all, sliding_window_publish};
 use crate::{Sizes, Table, pct};
 
 /// Partitions of the ordered subscription, replicas and lanes of both
@@ -64,46 +60,14 @@ fn messages(m: u64) -> anyhow::Result<Vec<Outgoing>> {
         .collect()
 }
 
-/// Applies what waits in `spec`'s queues with `REPLICAS` consumers of
-/// `LANES` lanes each; events per second.
+/// Applies what waits in `spec`'s queues with the replicas and lanes of
+/// [`shape`]; events per second.
 async fn apply(db: &TestDb, spec: &QueueSpec, m: u64) -> anyhow::Result<f64> {
     let (_, replicas, lanes) = shape();
     let mut config = ConsumerConfig::new(&spec.queue, &spec.exchange, &[]);
     config.queue = spec.clone();
     config.lanes = lanes;
-    let running: Vec<_> = (0..replicas)
-        .map(|_| {
-            Arc::new(Consumer::new(
-                db.app.clone(),
-                &amqp_url(),
-                config.clone(),
-                Upsert,
-            ))
-        })
-        .collect();
-    let stop = CancellationToken::new();
-    let t0 = Instant::now();
-    let tasks: Vec<_> = running
-        .iter()
-        .map(|c| {
-            let (c, stop) = (c.clone(), stop.clone());
-            tokio::spawn(async move { c.run(stop).await })
-        })
-        .collect();
-    let deadline = t0 + Duration::from_secs(600);
-    let finished = || running.iter().map(|c| c.stats().finished()).sum::<u64>();
-    while finished() < m {
-        anyhow::ensure!(Instant::now() < deadline, "consumer too slow");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let rate = finished() as f64 / t0.elapsed().as_secs_f64();
-    stop.cancel();
-    for task in tasks {
-        task.await??;
-    }
-    let parked: u64 = running.iter().map(|c| c.stats().parked).sum();
-    anyhow::ensure!(parked == 0, "{parked} events parked");
-    Ok(rate)
+    apply_all(db, &config, replicas, m).await
 }
 
 pub(crate) async fn ordered_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {

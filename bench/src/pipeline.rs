@@ -32,7 +32,7 @@ CREATE POLICY tenant_isolation ON bench_state
 GRANT SELECT, INSERT, UPDATE ON bench_state TO commerce_app;";
 
 /// One upsert per event: the smallest real piece of state a consumer keeps.
-pub(crate) struct Upsert;
+struct Upsert;
 
 impl Handler for Upsert {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
@@ -348,36 +348,7 @@ pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Resu
         let mut config = sink.clone();
         config.name = format!("{}-{}-{consumers}x{lanes}", sink.name, label.len());
         config.lanes = lanes;
-        let running: Vec<_> = (0..consumers)
-            .map(|_| {
-                Arc::new(Consumer::new(
-                    db.app.clone(),
-                    &amqp_url(),
-                    config.clone(),
-                    Upsert,
-                ))
-            })
-            .collect();
-        let stop = CancellationToken::new();
-        let t0 = Instant::now();
-        let tasks: Vec<_> = running
-            .iter()
-            .map(|c| {
-                let (c, stop) = (c.clone(), stop.clone());
-                tokio::spawn(async move { c.run(stop).await })
-            })
-            .collect();
-        let deadline = t0 + Duration::from_secs(600);
-        let finished = || running.iter().map(|c| c.stats().finished()).sum::<u64>();
-        while finished() < m {
-            anyhow::ensure!(Instant::now() < deadline, "consumer too slow");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let applied = finished() as f64 / t0.elapsed().as_secs_f64();
-        stop.cancel();
-        for task in tasks {
-            task.await??;
-        }
+        let applied = apply_all(&db, &config, consumers, m).await?;
         t.row([
             &format!("consumer apply, {m} events, {label}"),
             &format!("{applied:.0} events/s"),
@@ -392,4 +363,47 @@ pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Resu
     reliability::testing::delete_broker_objects(&[queue], &exchange).await;
     db.cleanup().await;
     Ok(())
+}
+
+/// Applies `m` waiting events with `replicas` consumers of `config`, each
+/// an `Upsert`; events per second. Fails if any was parked.
+pub(crate) async fn apply_all(
+    db: &TestDb,
+    config: &ConsumerConfig,
+    replicas: usize,
+    m: u64,
+) -> anyhow::Result<f64> {
+    let running: Vec<_> = (0..replicas)
+        .map(|_| {
+            Arc::new(Consumer::new(
+                db.app.clone(),
+                &amqp_url(),
+                config.clone(),
+                Upsert,
+            ))
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let t0 = Instant::now();
+    let tasks: Vec<_> = running
+        .iter()
+        .map(|c| {
+            let (c, stop) = (c.clone(), stop.clone());
+            tokio::spawn(async move { c.run(stop).await })
+        })
+        .collect();
+    let deadline = t0 + Duration::from_secs(600);
+    let finished = || running.iter().map(|c| c.stats().finished()).sum::<u64>();
+    while finished() < m {
+        anyhow::ensure!(Instant::now() < deadline, "consumer too slow");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = finished() as f64 / t0.elapsed().as_secs_f64();
+    stop.cancel();
+    for task in tasks {
+        task.await??;
+    }
+    let parked: u64 = running.iter().map(|c| c.stats().parked).sum();
+    anyhow::ensure!(parked == 0, "{parked} events parked");
+    Ok(rate)
 }

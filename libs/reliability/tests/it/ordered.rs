@@ -147,6 +147,79 @@ fn run_consumer(
     (consumer, task)
 }
 
+fn spawn_relay(db: &TestDb, broker: &Broker, spec: &QueueSpec, stop: &CancellationToken) -> Task {
+    let (relay, stop) = (relay(db, broker, spec), stop.clone());
+    tokio::spawn(async move { relay.run(stop).await })
+}
+
+/// Commits one event of `aggregate` in a transaction of its own.
+async fn write_one(db: &TestDb, tenant_id: i64, aggregate: &str) {
+    let mut tx = TenantTx::begin(&db.app, tenant(tenant_id)).await.unwrap();
+    outbox::enqueue(
+        &mut tx,
+        &NewEvent::new("test", aggregate, "Changed", &json!({})).unwrap(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// One relay and one consumer (2 lanes) on an ordered subscription of
+/// `partitions`, the handler failing for good on `poison` ((aggregate, n)).
+struct Parking {
+    db: TestDb,
+    broker: Broker,
+    spec: QueueSpec,
+    stop: CancellationToken,
+    relay: Task,
+    consumer: Arc<Consumer<Recording>>,
+    task: Task,
+    name: String,
+    handler: Recording,
+}
+
+impl Parking {
+    async fn start(partitions: u16, poison: &[(&str, i64)]) -> Self {
+        let db = TestDb::new().await;
+        create_applied_table(&db).await;
+        let broker = Broker::new().await;
+        let spec = spec(&broker, partitions);
+        broker::declare_queue(&broker.channel, &spec).await.unwrap();
+        let stop = CancellationToken::new();
+        let relay = spawn_relay(&db, &broker, &spec, &stop);
+        let handler = Recording::default();
+        for (aggregate, n) in poison {
+            handler
+                .poison
+                .lock()
+                .unwrap()
+                .insert(((*aggregate).to_owned(), *n));
+        }
+        let cfg = consumer_config(&spec);
+        let name = cfg.name.clone();
+        let (consumer, task) = run_consumer(&db, cfg, handler.clone(), &stop);
+        Self {
+            db,
+            broker,
+            spec,
+            stop,
+            relay,
+            consumer,
+            task,
+            name,
+            handler,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.relay.await.unwrap().unwrap();
+        self.task.await.unwrap().unwrap();
+        self.broker.cleanup_ordered(&self.spec).await;
+        self.db.cleanup().await;
+    }
+}
+
 /// Business transactions writing events of a few aggregates each, side by
 /// side, some waiting inside their transaction: commits land out of id
 /// order, and two writers of one aggregate take turns.
@@ -199,15 +272,8 @@ async fn three_relays_and_three_replicas_apply_each_aggregate_in_outbox_order() 
     broker::declare_queue(&broker.channel, &spec).await.unwrap();
 
     let stop = CancellationToken::new();
-    let relays: Vec<Arc<Relay>> = (0..3)
-        .map(|_| Arc::new(relay(&db, &broker, &spec)))
-        .collect();
-    let relay_tasks: Vec<Task> = relays
-        .iter()
-        .map(|r| {
-            let (r, stop) = (r.clone(), stop.clone());
-            tokio::spawn(async move { r.run(stop).await })
-        })
+    let relay_tasks: Vec<Task> = (0..3)
+        .map(|_| spawn_relay(&db, &broker, &spec, &stop))
         .collect();
     // The first replica to apply anything crashes before that commit.
     let crash = consumer_config(&spec).fail_points;
@@ -301,23 +367,9 @@ async fn three_relays_and_three_replicas_apply_each_aggregate_in_outbox_order() 
 
 #[tokio::test]
 async fn a_poison_event_parks_its_aggregate_alone_and_an_unpark_replays_it_in_order() {
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let broker = Broker::new().await;
-    let spec = spec(&broker, 2);
-    broker::declare_queue(&broker.channel, &spec).await.unwrap();
-    let stop = CancellationToken::new();
-    let relay = Arc::new(relay(&db, &broker, &spec));
-    let relay_task = tokio::spawn({
-        let (r, stop) = (relay.clone(), stop.clone());
-        async move { r.run(stop).await }
-    });
-    let handler = Recording::default();
     // A's second event fails for good.
-    handler.poison.lock().unwrap().insert(("A".into(), 2));
-    let cfg = consumer_config(&spec);
-    let name = cfg.name.clone();
-    let (consumer, task) = run_consumer(&db, cfg, handler.clone(), &stop);
+    let t = Parking::start(2, &[("A", 2)]).await;
+    let (db, consumer, name) = (&t.db, &t.consumer, &t.name);
 
     // Five events each of A and of twenty others, interleaved.
     for round in 0..5 {
@@ -350,7 +402,7 @@ async fn a_poison_event_parks_its_aggregate_alone_and_an_unpark_replays_it_in_or
     };
     assert_eq!(seqs("b7").await, vec![1, 2, 3, 4, 5], "the others flow");
     assert_eq!(seqs("A").await, vec![1], "A stops at its poison");
-    let parked = consumer::parked(&db.owner, Some(&name)).await.unwrap();
+    let parked = consumer::parked(&db.owner, Some(name)).await.unwrap();
     assert_eq!(parked.len(), 1, "{parked:?}");
     let a = &parked[0];
     assert_eq!(
@@ -361,121 +413,71 @@ async fn a_poison_event_parks_its_aggregate_alone_and_an_unpark_replays_it_in_or
     assert_eq!(consumer.stats().parked, 4);
 
     // A later event of A waits behind the parked ones.
-    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
-    outbox::enqueue(
-        &mut tx,
-        &NewEvent::new("test", "A", "Changed", &json!({})).unwrap(),
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    write_one(db, 1, "A").await;
     wait_until(LONG, "A's sixth event parked behind", || async {
         consumer.stats().parked == 5
     })
     .await;
 
     // A dry run of skip names the first and changes nothing.
-    let first = consumer::skip_first(&db.owner, &name, 1, "test", "A", true)
+    let first = consumer::skip_first(&db.owner, name, 1, "test", "A", true)
         .await
         .unwrap()
         .expect("a first parked event");
     assert_eq!(first.aggregate_seq, Some(2));
     assert_eq!(
-        consumer::parked(&db.owner, Some(&name)).await.unwrap()[0].waiting,
+        consumer::parked(&db.owner, Some(name)).await.unwrap()[0].waiting,
         5
     );
 
     // Fixed, then unparked: A replays in order and flows again.
-    handler.poison.lock().unwrap().clear();
+    t.handler.poison.lock().unwrap().clear();
     assert!(
-        consumer::unpark(&db.owner, &name, 1, "test", "A")
+        consumer::unpark(&db.owner, name, 1, "test", "A")
             .await
             .unwrap()
     );
     wait_until(LONG, "A replayed and resumed", || async {
-        consumer::parked(&db.owner, Some(&name))
+        consumer::parked(&db.owner, Some(name))
             .await
             .unwrap()
             .is_empty()
     })
     .await;
     assert_eq!(seqs("A").await, vec![1, 2, 3, 4, 5, 6]);
-    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
-    outbox::enqueue(
-        &mut tx,
-        &NewEvent::new("test", "A", "Changed", &json!({})).unwrap(),
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    write_one(db, 1, "A").await;
     wait_until(LONG, "A's next event applied at once", || async {
         seqs("A").await.len() == 7
     })
     .await;
 
-    stop.cancel();
-    relay_task.await.unwrap().unwrap();
-    task.await.unwrap().unwrap();
-    broker.cleanup_ordered(&spec).await;
-    db.cleanup().await;
+    t.stop().await;
 }
 
 #[tokio::test]
 async fn skip_removes_the_first_parked_event_and_an_emptied_park_resumes() {
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let broker = Broker::new().await;
-    let spec = spec(&broker, 1);
-    broker::declare_queue(&broker.channel, &spec).await.unwrap();
-    let stop = CancellationToken::new();
-    let relay = Arc::new(relay(&db, &broker, &spec));
-    let relay_task = tokio::spawn({
-        let (r, stop) = (relay.clone(), stop.clone());
-        async move { r.run(stop).await }
-    });
-    let handler = Recording::default();
-    handler.poison.lock().unwrap().insert(("S".into(), 1));
-    let cfg = consumer_config(&spec);
-    let name = cfg.name.clone();
-    let (consumer, task) = run_consumer(&db, cfg, handler, &stop);
-    let mut tx = TenantTx::begin(&db.app, tenant(2)).await.unwrap();
-    outbox::enqueue(
-        &mut tx,
-        &NewEvent::new("test", "S", "Changed", &json!({})).unwrap(),
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let t = Parking::start(1, &[("S", 1)]).await;
+    let (db, consumer, name) = (&t.db, &t.consumer, &t.name);
+    write_one(db, 2, "S").await;
     wait_until(LONG, "S parked", || async { consumer.stats().parked == 1 }).await;
-    let skipped = consumer::skip_first(&db.owner, &name, 2, "test", "S", false)
+    let skipped = consumer::skip_first(&db.owner, name, 2, "test", "S", false)
         .await
         .unwrap()
         .expect("the parked event");
     assert_eq!(skipped.aggregate_seq, Some(1));
     assert!(
-        consumer::parked(&db.owner, Some(&name))
+        consumer::parked(&db.owner, Some(name))
             .await
             .unwrap()
             .is_empty(),
         "the only parked event skipped: S flows again"
     );
-    let mut tx = TenantTx::begin(&db.app, tenant(2)).await.unwrap();
-    outbox::enqueue(
-        &mut tx,
-        &NewEvent::new("test", "S", "Changed", &json!({})).unwrap(),
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    write_one(db, 2, "S").await;
     wait_until(LONG, "S's next event applied", || async {
         consumer.stats().applied == 1
     })
     .await;
-    stop.cancel();
-    relay_task.await.unwrap().unwrap();
-    task.await.unwrap().unwrap();
-    broker.cleanup_ordered(&spec).await;
-    db.cleanup().await;
+    t.stop().await;
 }
 
 /// The gate itself, without a broker: an event at or below its aggregate's
