@@ -253,6 +253,38 @@ async fn write_concurrently(db: &TestDb, writers: usize, txs_each: usize) {
     }
 }
 
+/// Waits until every outbox row is applied (or parked), then checks that
+/// nothing is parked and that each aggregate was applied in outbox order.
+async fn all_applied_in_outbox_order(db: &TestDb) {
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+    wait_until(LONG, "every event applied or parked", || async {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM test_applied) + (SELECT count(*) FROM parked_events)",
+        )
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+        done == total
+    })
+    .await;
+    let parked = consumer::parked(&db.owner, None).await.unwrap();
+    assert!(parked.is_empty(), "nothing parked: {parked:?}");
+    let (applied, written) = (applied(db).await, written(db).await);
+    assert_eq!(
+        applied.keys().collect::<Vec<_>>(),
+        written.keys().collect::<Vec<_>>()
+    );
+    for (aggregate, ids) in &written {
+        assert_eq!(
+            &applied[aggregate], ids,
+            "{aggregate:?} applied in outbox order"
+        );
+    }
+}
+
 /// Partitions of the ordered subscription: `ORDERED_TEST_PARTITIONS=0`
 /// switches the ordering off (one shared queue, no relay guard, no gate),
 /// to see this test fail without it.
@@ -324,33 +356,7 @@ async fn three_relays_and_three_replicas_apply_each_aggregate_in_outbox_order() 
         &stop,
     ));
 
-    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-        .fetch_one(&db.owner)
-        .await
-        .unwrap();
-    wait_until(LONG, "every event applied or parked", || async {
-        let done: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM test_applied) + (SELECT count(*) FROM parked_events)",
-        )
-        .fetch_one(&db.owner)
-        .await
-        .unwrap();
-        done == total
-    })
-    .await;
-    let parked = consumer::parked(&db.owner, None).await.unwrap();
-    assert!(parked.is_empty(), "nothing parked: {parked:?}");
-    let (applied, written) = (applied(&db).await, written(&db).await);
-    assert_eq!(
-        applied.keys().collect::<Vec<_>>(),
-        written.keys().collect::<Vec<_>>()
-    );
-    for (aggregate, ids) in &written {
-        assert_eq!(
-            &applied[aggregate], ids,
-            "{aggregate:?} applied in outbox order"
-        );
-    }
+    all_applied_in_outbox_order(&db).await;
     let duplicates: u64 = replicas.iter().map(|(c, _)| c.stats().duplicates).sum();
     assert!(duplicates > 0, "the duplicates reached the consumers");
 
@@ -526,5 +532,115 @@ async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
         "{}",
         parked[0].error
     );
+    db.cleanup().await;
+}
+
+/// K from 4 to 8 by the runbook's drain and switch: the relays stop, the
+/// consumers empty the partitions and stop, `reliability queue drained`
+/// says so, then consumers and relays start with 8. Events keep coming
+/// all along (they wait in the outbox meanwhile), and every aggregate is
+/// still applied in outbox order, nothing parked.
+#[tokio::test]
+async fn changing_k_after_a_drain_keeps_every_aggregate_in_order() {
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let broker = Broker::new().await;
+    let four = spec(&broker, 4);
+    broker::declare_queue(&broker.channel, &four).await.unwrap();
+    let run =
+        |spec: &QueueSpec, relays_stop: &CancellationToken, consumers_stop: &CancellationToken| {
+            let relays: Vec<Task> = (0..2)
+                .map(|_| spawn_relay(&db, &broker, spec, relays_stop))
+                .collect();
+            let consumers: Vec<Task> = (0..2)
+                .map(|_| {
+                    run_consumer(
+                        &db,
+                        consumer_config(spec),
+                        Recording::default(),
+                        consumers_stop,
+                    )
+                    .1
+                })
+                .collect();
+            (relays, consumers)
+        };
+    let (relays_stop, consumers_stop) = (CancellationToken::new(), CancellationToken::new());
+    let (relays, consumers) = run(&four, &relays_stop, &consumers_stop);
+    write_concurrently(&db, 4, 20).await;
+
+    // 1. Stop the relays: what is written now waits in the outbox.
+    relays_stop.cancel();
+    for t in relays {
+        t.await.unwrap().unwrap();
+    }
+    let writing = tokio::spawn({
+        let app = db.app.clone();
+        async move {
+            for i in 0..40 {
+                let mut tx = TenantTx::begin(&app, tenant(1 + i % 2)).await.unwrap();
+                outbox::enqueue(
+                    &mut tx,
+                    &NewEvent::new("test", format!("a{}", i % 12), "Changed", &json!({})).unwrap(),
+                )
+                .await
+                .unwrap();
+                tx.commit().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    // 2. The consumers empty the partitions, then stop.
+    wait_until(LONG, "the partitions emptied", || async {
+        let mut ready = 0;
+        for q in four.queues() {
+            ready += broker.depth(&q).await;
+        }
+        let published: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_messages WHERE processed_at IS NOT NULL",
+        )
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM test_applied")
+            .fetch_one(&db.owner)
+            .await
+            .unwrap();
+        ready == 0 && applied == published
+    })
+    .await;
+    consumers_stop.cancel();
+    for t in consumers {
+        t.await.unwrap().unwrap();
+    }
+    // 3. The operator's check.
+    let drained = std::process::Command::new(env!("CARGO_BIN_EXE_reliability"))
+        .args(["queue", "drained", &four.queue, "--partitions", "4"])
+        .env("AMQP_URL", amqp_url())
+        .output()
+        .unwrap();
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+
+    // 4. Consumers and relays with K = 8, the writes still going on.
+    let mut eight = four.clone();
+    eight.partitions = 8;
+    let stop = CancellationToken::new();
+    let (relays, consumers) = run(&eight, &stop, &stop);
+    writing.await.unwrap();
+    write_concurrently(&db, 4, 20).await;
+    all_applied_in_outbox_order(&db).await;
+    for q in eight.queues() {
+        assert_eq!(broker.depth(&q).await, 0, "{q} exists and was emptied");
+    }
+
+    stop.cancel();
+    for t in relays.into_iter().chain(consumers) {
+        t.await.unwrap().unwrap();
+    }
+    broker.cleanup_ordered(&eight).await;
     db.cleanup().await;
 }

@@ -15,6 +15,17 @@ pub enum QueueCommand {
         #[command(subcommand)]
         command: QueueDlq,
     },
+    /// Whether an ordered subscription's K partitions are drained: each
+    /// empty, with no consumer attached. The step before changing K
+    /// (docs/runbooks.md, "Changing an ordered subscription's partitions"):
+    /// exits 1 while any partition holds a message or a consumer.
+    Drained {
+        /// The subscription's queue name (its partitions are `<queue>.p<i>`).
+        queue: String,
+        /// Its partitions now (K).
+        #[arg(long)]
+        partitions: u16,
+    },
     /// Delete queues (each with its `.dlq`), e.g. leftovers of interrupted
     /// test runs.
     Delete {
@@ -98,6 +109,31 @@ pub async fn run(
                 done(json, action, u64::from(matched), changed, confirm)
             }
         },
+        QueueCommand::Drained { queue, partitions } => {
+            let mut spec = broker::QueueSpec::new(&queue, "", &[]);
+            spec.partitions = partitions;
+            let mut rows = Vec::new();
+            let mut busy = Vec::new();
+            for name in spec.queues() {
+                let (ready, consumers) = broker::inspect_queue(conn, &name)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("partition {name}: {e}"))?;
+                if ready > 0 || consumers > 0 {
+                    busy.push(format!("{name} ({ready} ready, {consumers} consumers)"));
+                }
+                rows.push(
+                    serde_json::json!({"queue": name, "ready": ready, "consumers": consumers}),
+                );
+            }
+            print(json, &rows)?;
+            anyhow::ensure!(
+                busy.is_empty(),
+                "not drained: {}; stop the relays, let the consumers empty the partitions, stop the consumers, then ask again",
+                busy.join(", ")
+            );
+            eprintln!("drained: {partitions} partitions empty, no consumer attached; K may change");
+            Ok(())
+        }
         QueueCommand::Delete { queues, confirm } => {
             let mut names = Vec::new();
             let mut messages = 0;
