@@ -136,6 +136,8 @@ pub struct ConsumerLine {
     /// Processes (lanes) attached.
     pub consumers: Option<u32>,
     pub dlq: Option<u32>,
+    /// Ordered subscriptions: aggregates parked, waiting for an operator.
+    pub parked: Option<i64>,
     pub last_applied_at: Option<DateTime<Utc>>,
     pub applied: Option<i64>,
     pub error: Option<String>,
@@ -207,7 +209,7 @@ pub async fn status(estate: &Estate) -> Status {
     }
     let mut consumers = Vec::new();
     for sub in estate.subscriptions {
-        let line = consumer_line(estate, sub.consumer).await;
+        let line = consumer_line(estate, sub).await;
         if let Some(e) = &line.error {
             problems.push(format!("{}: {e}", line.consumer));
         }
@@ -217,6 +219,12 @@ pub async fn status(estate: &Estate) -> Status {
                 line.consumer,
                 line.dlq.unwrap_or(0),
                 line.queue
+            ));
+        }
+        if let Some(parked) = line.parked.filter(|n| *n > 0) {
+            problems.push(format!(
+                "{}: {parked} aggregate(s) parked (reliability park list --consumer {})",
+                line.consumer, line.consumer
             ));
         }
         if line.consumers == Some(0) && line.ready.unwrap_or(0) > 0 {
@@ -239,12 +247,17 @@ pub async fn status(estate: &Estate) -> Status {
     }
 }
 
-async fn consumer_line(estate: &Estate, consumer: &str) -> ConsumerLine {
+/// A consumer's line. An ordered subscription's queue is its partitions:
+/// their ready and unacked messages added up, and the fewest consumers any
+/// of them has (a partition with none is what stalls).
+async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerLine {
+    let consumer = sub.consumer;
     let mut line = ConsumerLine {
         consumer: consumer.to_owned(),
         queue: estate.queue(consumer),
         ..ConsumerLine::default()
     };
+    let queues = broker::QueueSpec::for_subscription(sub, "", &estate.queue_prefix).queues();
     if let Some(pool) = estate.consumer_db(consumer) {
         let progress: std::result::Result<(Option<DateTime<Utc>>, Option<i64>), _> =
             sqlx::query_as(
@@ -256,11 +269,27 @@ async fn consumer_line(estate: &Estate, consumer: &str) -> ConsumerLine {
         if let Ok((at, applied)) = progress {
             (line.last_applied_at, line.applied) = (at, applied);
         }
+        if sub.is_ordered() {
+            line.parked =
+                sqlx::query_scalar("SELECT count(*) FROM parked_aggregates WHERE consumer = $1")
+                    .bind(consumer)
+                    .fetch_one(pool)
+                    .await
+                    .ok();
+        }
     }
     if let Some(conn) = &estate.broker {
-        match broker::inspect_queue(conn, &line.queue).await {
-            Ok((ready, consumers)) => (line.ready, line.consumers) = (Some(ready), Some(consumers)),
-            Err(e) => line.error = Some(format!("queue {}: {e}", line.queue)),
+        for queue in &queues {
+            match broker::inspect_queue(conn, queue).await {
+                Ok((ready, consumers)) => {
+                    line.ready = Some(line.ready.unwrap_or(0) + ready);
+                    line.consumers = Some(line.consumers.map_or(consumers, |c| c.min(consumers)));
+                }
+                Err(e) => {
+                    line.error = Some(format!("queue {queue}: {e}"));
+                    break;
+                }
+            }
         }
         let dlq = broker::dead_letter_queue(&line.queue);
         line.dlq = broker::inspect_queue(conn, &dlq)
@@ -269,7 +298,13 @@ async fn consumer_line(estate: &Estate, consumer: &str) -> ConsumerLine {
             .map(|(ready, _)| ready);
     }
     if let Some(url) = &estate.management_url {
-        line.unacked = unacked(url, &line.queue).await;
+        for queue in &queues {
+            let Some(n) = unacked(url, queue).await else {
+                line.unacked = None;
+                break;
+            };
+            line.unacked = Some(line.unacked.unwrap_or(0) + n);
+        }
     }
     line
 }

@@ -90,17 +90,18 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
         );
     }
     println!(
-        "\n{:<18} {:>7} {:>8} {:>10} {:>5} {:>10}  last applied",
-        "CONSUMER", "ready", "unacked", "consumers", "dlq", "applied"
+        "\n{:<18} {:>7} {:>8} {:>10} {:>5} {:>7} {:>10}  last applied",
+        "CONSUMER", "ready", "unacked", "consumers", "dlq", "parked", "applied"
     );
     for c in &status.consumers {
         println!(
-            "{:<18} {:>7} {:>8} {:>10} {:>5} {:>10}  {}",
+            "{:<18} {:>7} {:>8} {:>10} {:>5} {:>7} {:>10}  {}",
             c.consumer,
             opt(c.ready),
             opt(c.unacked),
             opt(c.consumers),
             opt(c.dlq),
+            opt(c.parked),
             opt(c.applied),
             ago(c.last_applied_at)
         );
