@@ -5,13 +5,16 @@ use std::collections::HashSet;
 
 use lapin::message::Delivery;
 
+use crate::broker;
 use crate::failpoint;
 use crate::outbox::Envelope;
+use crate::trace::{Kind, Span, TraceContext};
 use crate::{Error, Result, TenantTx};
 
-use super::delivery::apply_span;
 use super::ordered::Gate;
-use super::{ApplyError, Consumer, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of};
+use super::{
+    ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of,
+};
 
 impl<H: Handler> Consumer<H> {
     /// Applies `event` once: aggregate lock, dedup record and offset,
@@ -256,4 +259,24 @@ impl<H: Handler> Consumer<H> {
         self.handler.handle(tx, event).await?;
         Ok(())
     }
+}
+
+/// The step that applies `event` for `consumer`: a child of the trace the
+/// message carries, or a new root. The consumer's service is its name's
+/// first part (`inventory.stock`: inventory).
+pub(super) fn apply_span(consumer: &ConsumerConfig, delivery: &Delivery, event: &Envelope) -> Span {
+    let header = broker::header_str(&delivery.properties, crate::trace::HEADER);
+    let service = consumer.name.split('.').next().unwrap_or(&consumer.name);
+    let parent = header.as_deref().and_then(TraceContext::parse);
+    let mut span = Span::start(
+        service,
+        format!("apply {}", event.event_type),
+        Kind::Consumer,
+        parent,
+    );
+    span.set("messaging.system", "rabbitmq");
+    span.set("messaging.destination.name", consumer.queue.queue.clone());
+    span.set("messaging.message.id", event.message_id());
+    span.set("tenant.id", event.tenant_id);
+    span
 }

@@ -15,10 +15,10 @@ use crate::broker;
 use crate::failpoint;
 use crate::outbox::Envelope;
 use crate::supervise::supervise;
-use crate::trace::{Kind, Span, TraceContext};
 use crate::{Error, Result};
 
-use super::{ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome};
+use super::apply::apply_span;
+use super::{ApplyError, Consumer, Handler, HandlerError, Lane, Outcome};
 
 impl<H: Handler> Consumer<H> {
     /// Consumes until `shutdown`, reconnecting after broker or database
@@ -179,27 +179,6 @@ impl<H: Handler> Consumer<H> {
                 return Ok(());
             }
         }
-    }
-
-    /// The queues lane `index` consumes from: the queue, or for an ordered
-    /// subscription the partitions `p` with `p % lanes == index` (every
-    /// partition for some lane; a lane beyond the partitions stands by on
-    /// one). Each partition has one active consumer; the same lane of the
-    /// other replicas waits as its standby.
-    fn lane_queues(&self, index: usize) -> Vec<String> {
-        let spec = &self.config.queue;
-        if !spec.is_ordered() {
-            return vec![spec.queue.clone()];
-        }
-        let lanes = self.config.lanes.max(1);
-        let k = usize::from(spec.partitions);
-        if index >= k {
-            return vec![spec.partition_queue((index % k) as u16)];
-        }
-        (0..k)
-            .filter(|p| p % lanes == index)
-            .map(|p| spec.partition_queue(p as u16))
-            .collect()
     }
 
     /// Handles one delivery to its end (acked or dead-lettered). Returns
@@ -405,24 +384,4 @@ impl<H: Handler> Consumer<H> {
             .increment(1);
         Ok(())
     }
-}
-
-/// The step that applies `event` for `consumer`: a child of the trace the
-/// message carries, or a new root. The consumer's service is its name's
-/// first part (`inventory.stock`: inventory).
-pub(super) fn apply_span(consumer: &ConsumerConfig, delivery: &Delivery, event: &Envelope) -> Span {
-    let header = broker::header_str(&delivery.properties, crate::trace::HEADER);
-    let service = consumer.name.split('.').next().unwrap_or(&consumer.name);
-    let parent = header.as_deref().and_then(TraceContext::parse);
-    let mut span = Span::start(
-        service,
-        format!("apply {}", event.event_type),
-        Kind::Consumer,
-        parent,
-    );
-    span.set("messaging.system", "rabbitmq");
-    span.set("messaging.destination.name", consumer.queue.queue.clone());
-    span.set("messaging.message.id", event.message_id());
-    span.set("tenant.id", event.tenant_id);
-    span
 }

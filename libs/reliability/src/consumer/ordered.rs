@@ -35,6 +35,27 @@ impl<H: Handler> Consumer<H> {
         self.config.queue.is_ordered()
     }
 
+    /// The queues lane `index` consumes from: the queue, or for an ordered
+    /// subscription the partitions `p` with `p % lanes == index` (every
+    /// partition for some lane; a lane beyond the partitions stands by on
+    /// one). Each partition has one active consumer; the same lane of the
+    /// other replicas waits as its standby.
+    pub(super) fn lane_queues(&self, index: usize) -> Vec<String> {
+        let spec = &self.config.queue;
+        if !spec.is_ordered() {
+            return vec![spec.queue.clone()];
+        }
+        let lanes = self.config.lanes.max(1);
+        let k = usize::from(spec.partitions);
+        if index >= k {
+            return vec![spec.partition_queue((index % k) as u16)];
+        }
+        (0..k)
+            .filter(|p| p % lanes == index)
+            .map(|p| spec.partition_queue(p as u16))
+            .collect()
+    }
+
     /// The gate for each of one tenant's fresh `events`, in their order,
     /// with the positions advanced for those to apply (the caller holds
     /// every aggregate's lock; a failed handler rolls the advance back with

@@ -1,0 +1,225 @@
+//! Parking: a poison event parks its aggregate alone, an unpark replays
+//! it in order, a skip drops the first event, and the gate parks what
+//! comes out of order.
+
+use super::*;
+
+/// One relay and one consumer (2 lanes) on an ordered subscription of
+/// `partitions`, the handler failing for good on `poison` ((aggregate, n)).
+struct Parking {
+    db: TestDb,
+    broker: Broker,
+    spec: QueueSpec,
+    stop: CancellationToken,
+    relay: Task,
+    consumer: Arc<Consumer<Recording>>,
+    task: Task,
+    name: String,
+    handler: Recording,
+}
+
+impl Parking {
+    async fn start(partitions: u16, poison: &[(&str, i64)]) -> Self {
+        let db = TestDb::new().await;
+        create_applied_table(&db).await;
+        let broker = Broker::new().await;
+        let spec = spec(&broker, partitions);
+        broker::declare_queue(&broker.channel, &spec).await.unwrap();
+        let stop = CancellationToken::new();
+        let relay = spawn_relay(&db, &broker, &spec, &stop);
+        let handler = Recording::default();
+        for (aggregate, n) in poison {
+            handler
+                .poison
+                .lock()
+                .unwrap()
+                .insert(((*aggregate).to_owned(), *n));
+        }
+        let cfg = consumer_config(&spec);
+        let name = cfg.name.clone();
+        let (consumer, task) = run_consumer(&db, cfg, handler.clone(), &stop);
+        Self {
+            db,
+            broker,
+            spec,
+            stop,
+            relay,
+            consumer,
+            task,
+            name,
+            handler,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.relay.await.unwrap().unwrap();
+        self.task.await.unwrap().unwrap();
+        self.broker.cleanup_ordered(&self.spec).await;
+        self.db.cleanup().await;
+    }
+}
+
+#[tokio::test]
+async fn a_poison_event_parks_its_aggregate_alone_and_an_unpark_replays_it_in_order() {
+    // A's second event fails for good.
+    let t = Parking::start(2, &[("A", 2)]).await;
+    let (db, consumer, name) = (&t.db, &t.consumer, &t.name);
+
+    // Five events each of A and of twenty others, interleaved.
+    for round in 0..5 {
+        let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
+        for aggregate in std::iter::once("A".to_owned()).chain((0..20).map(|i| format!("b{i}"))) {
+            outbox::enqueue(
+                &mut tx,
+                &NewEvent::new("test", aggregate, "Changed", &json!({ "round": round })).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    wait_until(LONG, "the others applied, A parked", || async {
+        consumer.stats().finished() == 105
+    })
+    .await;
+    let seqs = |aggregate: &'static str| {
+        let db = &db;
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT seq FROM test_applied WHERE aggregate_id = $1 ORDER BY n",
+            )
+            .bind(aggregate)
+            .fetch_all(&db.owner)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(seqs("b7").await, vec![1, 2, 3, 4, 5], "the others flow");
+    assert_eq!(seqs("A").await, vec![1], "A stops at its poison");
+    let parked = consumer::parked(&db.owner, Some(name)).await.unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let a = &parked[0];
+    assert_eq!(
+        (a.aggregate_id.as_str(), a.waiting, a.first_seq),
+        ("A", 4, Some(2))
+    );
+    assert!(a.error.contains("poison"), "{}", a.error);
+    assert_eq!(consumer.stats().parked, 4);
+
+    // A later event of A waits behind the parked ones.
+    write_one(db, 1, "A").await;
+    wait_until(LONG, "A's sixth event parked behind", || async {
+        consumer.stats().parked == 5
+    })
+    .await;
+
+    // A dry run of skip names the first and changes nothing.
+    let first = consumer::skip_first(&db.owner, name, 1, "test", "A", true)
+        .await
+        .unwrap()
+        .expect("a first parked event");
+    assert_eq!(first.aggregate_seq, Some(2));
+    assert_eq!(
+        consumer::parked(&db.owner, Some(name)).await.unwrap()[0].waiting,
+        5
+    );
+
+    // Fixed, then unparked: A replays in order and flows again.
+    t.handler.poison.lock().unwrap().clear();
+    assert!(
+        consumer::unpark(&db.owner, name, 1, "test", "A")
+            .await
+            .unwrap()
+    );
+    wait_until(LONG, "A replayed and resumed", || async {
+        consumer::parked(&db.owner, Some(name))
+            .await
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    assert_eq!(seqs("A").await, vec![1, 2, 3, 4, 5, 6]);
+    write_one(db, 1, "A").await;
+    wait_until(LONG, "A's next event applied at once", || async {
+        seqs("A").await.len() == 7
+    })
+    .await;
+
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn skip_removes_the_first_parked_event_and_an_emptied_park_resumes() {
+    let t = Parking::start(1, &[("S", 1)]).await;
+    let (db, consumer, name) = (&t.db, &t.consumer, &t.name);
+    write_one(db, 2, "S").await;
+    wait_until(LONG, "S parked", || async { consumer.stats().parked == 1 }).await;
+    let skipped = consumer::skip_first(&db.owner, name, 2, "test", "S", false)
+        .await
+        .unwrap()
+        .expect("the parked event");
+    assert_eq!(skipped.aggregate_seq, Some(1));
+    assert!(
+        consumer::parked(&db.owner, Some(name))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the only parked event skipped: S flows again"
+    );
+    write_one(db, 2, "S").await;
+    wait_until(LONG, "S's next event applied", || async {
+        consumer.stats().applied == 1
+    })
+    .await;
+    t.stop().await;
+}
+
+/// The gate itself, without a broker: an event at or below its aggregate's
+/// position parks the aggregate (never applied late in silence), the later
+/// ones wait behind it, and a gap (events this subscription is not bound
+/// to) is no reason to wait.
+#[tokio::test]
+async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
+    use reliability::consumer::Outcome;
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let mut spec = QueueSpec::new(&unique("reltest.gate."), "x", &["svc.*"]);
+    spec.partitions = 2;
+    let consumer = Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        consumer_config(&spec),
+        Recording::default(),
+    );
+    let event = |id: i64, seq: i64| {
+        let mut e = crate::support::envelope("svc", id, 1, "G", "Changed", 0);
+        e.aggregate_seq = Some(seq);
+        e
+    };
+    let outcomes = [
+        consumer.apply(&event(10, 1)).await.unwrap(),
+        consumer.apply(&event(11, 3)).await.unwrap(),
+        consumer.apply(&event(12, 2)).await.unwrap(),
+        consumer.apply(&event(13, 4)).await.unwrap(),
+        consumer.apply(&event(12, 2)).await.unwrap(),
+    ];
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Parked,
+            Outcome::Parked,
+            Outcome::Duplicate
+        ]
+    );
+    let parked = consumer::parked(&db.owner, None).await.unwrap();
+    assert_eq!((parked.len(), parked[0].waiting), (1, 2));
+    assert!(
+        parked[0].error.contains("out of order: event 2 of test:G"),
+        "{}",
+        parked[0].error
+    );
+    db.cleanup().await;
+}
