@@ -170,6 +170,9 @@ async fn the_relay_role_reads_every_tenants_outbox_and_nothing_else() {
         "processed_messages",
         "consumer_offsets",
         "outbox_messages_archive",
+        "aggregate_positions",
+        "parked_aggregates",
+        "parked_events",
     ] {
         let sql = format!("SELECT count(*) FROM {table}");
         let err = db
