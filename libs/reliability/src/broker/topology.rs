@@ -23,21 +23,37 @@ pub fn dead_letter_queue(queue: &str) -> String {
 
 /// Declares the events exchange: a durable topic exchange.
 pub async fn declare_exchange(channel: &Channel, exchange: &str) -> Result<()> {
+    durable_exchange(
+        channel,
+        exchange,
+        ExchangeKind::Topic,
+        FieldTable::default(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Declares a durable exchange (it survives a broker restart, I1).
+async fn durable_exchange(
+    channel: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+    args: FieldTable,
+) -> lapin::Result<()> {
     channel
         .exchange_declare(
-            exchange.into(),
-            ExchangeKind::Topic,
+            name.into(),
+            kind,
             ExchangeDeclareOptions {
                 passive: false,
-                durable: true, // survives a broker restart (I1)
+                durable: true,
                 auto_delete: false,
                 internal: false,
                 nowait: false,
             },
-            FieldTable::default(),
+            args,
         )
-        .await?;
-    Ok(())
+        .await
 }
 
 pub use contracts::topology::{Subscription, topic_matches};
@@ -143,20 +159,7 @@ impl QueueSpec {
 pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
     declare_exchange(channel, &spec.exchange).await?;
     let dlx = dead_letter_exchange(&spec.exchange);
-    channel
-        .exchange_declare(
-            dlx.as_str().into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions {
-                passive: false,
-                durable: true,
-                auto_delete: false,
-                internal: false,
-                nowait: false,
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    durable_exchange(channel, &dlx, ExchangeKind::Direct, FieldTable::default()).await?;
 
     let durable = QueueDeclareOptions {
         passive: false,
@@ -211,26 +214,19 @@ pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
         "hash-header".into(),
         AMQPValue::LongString(PARTITION_HEADER.into()),
     );
-    channel
-        .exchange_declare(
-            hash.as_str().into(),
-            ExchangeKind::Custom("x-consistent-hash".into()),
-            ExchangeDeclareOptions {
-                passive: false,
-                durable: true,
-                auto_delete: false,
-                internal: false,
-                nowait: false,
-            },
-            hash_args,
-        )
-        .await
-        .map_err(|e| {
-            Error::Topology(format!(
-                "cannot declare {hash}, an x-consistent-hash exchange (is the \
+    durable_exchange(
+        channel,
+        &hash,
+        ExchangeKind::Custom("x-consistent-hash".into()),
+        hash_args,
+    )
+    .await
+    .map_err(|e| {
+        Error::Topology(format!(
+            "cannot declare {hash}, an x-consistent-hash exchange (is the \
                  rabbitmq_consistent_hash_exchange plugin enabled?): {e}"
-            ))
-        })?;
+        ))
+    })?;
     for key in &spec.bindings {
         channel
             .exchange_bind(

@@ -42,23 +42,8 @@ async fn changing_k_after_a_drain_keeps_every_aggregate_in_order() {
     for t in relays {
         t.await.unwrap().unwrap();
     }
-    let writing = tokio::spawn({
-        let app = db.app.clone();
-        async move {
-            for i in 0..40 {
-                let mut tx = TenantTx::begin(&app, tenant(1 + i % 2)).await.unwrap();
-                outbox::enqueue(
-                    &mut tx,
-                    &NewEvent::new("test", format!("a{}", i % 12), "Changed", &json!({})).unwrap(),
-                )
-                .await
-                .unwrap();
-                tx.commit().await.unwrap();
-                // Pacing, not waiting: the writes go on across the switch.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    });
+    // Written while drained: these wait in the outbox for the new layout.
+    write_concurrently(&db, 2, 10).await;
     // 2. The consumers empty the partitions, then stop.
     wait_until(LONG, "the partitions emptied", || async {
         let mut ready = 0;
@@ -98,8 +83,8 @@ async fn changing_k_after_a_drain_keeps_every_aggregate_in_order() {
     let mut eight = four.clone();
     eight.partitions = 8;
     let stop = CancellationToken::new();
+    // Writers run while the new layout starts and drains the outbox.
     let (relays, consumers) = run(&eight, &stop, &stop);
-    writing.await.unwrap();
     write_concurrently(&db, 4, 20).await;
     all_applied_in_outbox_order(&db).await;
     for q in eight.queues() {
