@@ -54,6 +54,16 @@ need_servers() {
     echo "Or, with Docker: docker compose -f compose/docker-compose.yml up --build" >&2
     exit 1
   fi
+  # The projection's history is an ordered subscription: its partitions
+  # hang off a consistent-hash exchange, a plugin that ships with RabbitMQ
+  # and is off by default (docs/adr/0028). Enabled here where this user may.
+  local plugin=rabbitmq_consistent_hash_exchange
+  if command -v rabbitmq-plugins >/dev/null &&
+    ! timeout 20 rabbitmq-plugins -q list -e -m 2>/dev/null | grep -qx "$plugin"; then
+    echo "== enabling $plugin on the local broker (ordered subscriptions, docs/adr/0028)"
+    timeout 60 rabbitmq-plugins -q enable "$plugin" >/dev/null ||
+      echo "   could not; run: sudo rabbitmq-plugins enable $plugin   (or make deps)" >&2
+  fi
 }
 
 wait_ready() { # wait_ready NAME PORT
@@ -111,7 +121,7 @@ The stack is up.
   orders      http://127.0.0.1:8081   (POST /orders, GET /orders/{id})
   inventory   http://127.0.0.1:8082   (POST /stock/adjustments, GET /products/{sku})
   payments    http://127.0.0.1:8083   (GET /payments?order_id=, POST /refunds)
-  projection  http://127.0.0.1:8084   (GET /orders/{id})
+  projection  http://127.0.0.1:8084   (GET /orders/{id}, GET /history/{order|product}/{id})
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
   metrics     http://127.0.0.1:808{1,2,3,4}/metrics
   operator    $(bin reliability) status   (what is stuck, per service and queue)
@@ -155,7 +165,7 @@ reset() {
   # act on orders that no longer exist.
   # The subscriber queues `up` declares (make up prints them); lanes add
   # queues of their own, which rabbitmqctl lists where we may run it.
-  local queues="inventory.stock payments.charges orders.saga projection.views"
+  local queues="inventory.stock payments.charges orders.saga projection.views projection.history.p0 projection.history.p1 projection.history.p2 projection.history.p3"
   if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then
     queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E '^(orders|inventory|payments|projection)\.' | grep -v '\.dlq$' || true)
   fi

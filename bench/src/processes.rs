@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use e2e::cluster::{self, CONSUMERS, Client, Layout};
+use e2e::cluster::{self, Client, Layout};
 use serde_json::json;
 
 use crate::cost::{self, STATS_FLUSH};
@@ -219,10 +219,7 @@ async fn stack(
         pool.close().await;
     }
     cluster::drop_databases(layout).await?;
-    let queues: Vec<String> = CONSUMERS
-        .iter()
-        .map(|c| format!("{}{c}", layout.queue_prefix()))
-        .collect();
+    let queues = cluster::queue_names(&layout.queue_prefix());
     reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
     Ok(per_core_second)
 }

@@ -38,6 +38,11 @@ fn subscribers(source: &str, event_type: &str) -> &'static [(&'static str, Db)] 
         ("orders", "OrderPlaced" | "OrderConfirmed" | "OrderCancelled") => &[
             ("inventory.stock", Inventory),
             ("projection.views", Projection),
+            ("projection.history", Projection),
+        ],
+        ("inventory", "StockAdjusted") => &[
+            ("projection.views", Projection),
+            ("projection.history", Projection),
         ],
         ("inventory", "InventoryReserved") => &[
             ("payments.charges", Payments),
@@ -49,9 +54,7 @@ fn subscribers(source: &str, event_type: &str) -> &'static [(&'static str, Db)] 
         ("payments", "PaymentCaptured" | "PaymentFailed") => {
             &[("orders.saga", Orders), ("projection.views", Projection)]
         }
-        ("payments", "RefundIssued") | ("inventory", "StockAdjusted") => {
-            &[("projection.views", Projection)]
-        }
+        ("payments", "RefundIssued") => &[("projection.views", Projection)],
         // An event type with no subscriber would be returned as unroutable.
         _ => &[("(no subscriber)", Projection)],
     }
@@ -248,6 +251,7 @@ impl Dbs {
                 }
             }
         }
+        v.violations.extend(self.order(tenant).await?);
         v.duplicates = self.duplicates(tenant).await?;
         // The projection agrees with the orders service.
         let views: BTreeMap<i64, String> = sqlx::query_as::<_, (i64, String)>(
@@ -267,5 +271,91 @@ impl Dbs {
             }
         }
         Ok(v)
+    }
+}
+
+/// The ordered subscription the checker holds to outbox order.
+const ORDERED: contracts::topology::Subscription = contracts::topology::PROJECTION_HISTORY;
+
+type Aggregate = (String, String, String);
+
+impl Dbs {
+    /// Order per aggregate (docs/adr/0028): for every aggregate whose events
+    /// the ordered subscription takes, the events it applied, in the order
+    /// it applied them, are the source's in the relay's numbering
+    /// (`aggregate_seq`); every such event carries a number; nothing is
+    /// left parked.
+    pub async fn order(&self, tenant: i64) -> anyhow::Result<Vec<String>> {
+        let mut violations = Vec::new();
+        let mut outbox: BTreeMap<Aggregate, Vec<(i64, i64)>> = BTreeMap::new();
+        for (source, pool) in [("orders", &self.orders), ("inventory", &self.inventory)] {
+            let rows: Vec<(i64, String, String, String, Option<i64>)> = sqlx::query_as(
+                "SELECT id, event_type, aggregate_type, aggregate_id, aggregate_seq
+                 FROM outbox_messages WHERE tenant_id = $1",
+            )
+            .bind(tenant)
+            .fetch_all(pool)
+            .await?;
+            for (id, event_type, aggregate_type, aggregate_id, seq) in rows {
+                let key = format!("{source}.{event_type}");
+                if !ORDERED
+                    .bindings
+                    .iter()
+                    .any(|b| contracts::topology::topic_matches(b, &key))
+                {
+                    continue;
+                }
+                let Some(seq) = seq else {
+                    violations.push(format!(
+                        "order: {source} event {id} ({event_type}) was published without its aggregate's number"
+                    ));
+                    continue;
+                };
+                outbox
+                    .entry((source.to_owned(), aggregate_type, aggregate_id))
+                    .or_default()
+                    .push((seq, id));
+            }
+        }
+        let applied: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT source, aggregate_type, aggregate_id, message_id FROM aggregate_history
+             WHERE tenant_id = $1 ORDER BY source, aggregate_type, aggregate_id, position",
+        )
+        .bind(tenant)
+        .fetch_all(&self.projection)
+        .await?;
+        let mut history: BTreeMap<Aggregate, Vec<i64>> = BTreeMap::new();
+        for (source, aggregate_type, aggregate_id, id) in applied {
+            history
+                .entry((source, aggregate_type, aggregate_id))
+                .or_default()
+                .push(id);
+        }
+        for (aggregate, mut events) in outbox {
+            events.sort_unstable();
+            let expected: Vec<i64> = events.iter().map(|(_, id)| *id).collect();
+            let got = history.remove(&aggregate).unwrap_or_default();
+            // What is missing altogether is I1's to report; a prefix is a
+            // run still catching up, not a reordering.
+            if got.len() == expected.len() && got != expected {
+                let (source, t, id) = &aggregate;
+                violations.push(format!(
+                    "order: {} applied {source} {t}:{id}'s events as {got:?}; the outbox order is {expected:?}",
+                    ORDERED.consumer
+                ));
+            }
+        }
+        let parked: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT aggregate_type, aggregate_id, error FROM parked_aggregates
+             WHERE tenant_id = $1 AND consumer = $2",
+        )
+        .bind(tenant)
+        .bind(ORDERED.consumer)
+        .fetch_all(&self.projection)
+        .await?;
+        for (t, id, error) in parked {
+            violations.push(format!("order: {t}:{id} is parked: {error}"));
+        }
+        Ok(violations)
     }
 }

@@ -16,12 +16,41 @@ use sqlx::postgres::PgConnectOptions;
 use crate::check::Dbs;
 use crate::procs::Cluster;
 
-pub const CONSUMERS: [&str; 4] = [
+pub const CONSUMERS: [&str; 5] = [
     "orders.saga",
     "inventory.stock",
     "payments.charges",
     "projection.views",
+    "projection.history",
 ];
+
+/// The most partitions a run gives an ordered subscription (the K change
+/// scenario goes to 8): what setup and cleanup sweep.
+pub const MAX_PARTITIONS: u16 = 8;
+
+/// The queues the stack's events wait in, with `prefix`: each order-free
+/// subscription's queue, each ordered one's partitions (the code's K).
+pub fn queues(prefix: &str) -> Vec<String> {
+    contracts::topology::ALL
+        .iter()
+        .flat_map(|s| reliability::broker::QueueSpec::for_subscription(s, "", prefix).queues())
+        .collect()
+}
+
+/// Every queue name the stack may have made (for deletion): the
+/// subscriptions' own names and partitions up to [`MAX_PARTITIONS`].
+pub fn queue_names(prefix: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for sub in contracts::topology::ALL {
+        let mut spec = reliability::broker::QueueSpec::for_subscription(sub, "", prefix);
+        names.push(spec.queue.clone());
+        if spec.is_ordered() {
+            spec.partitions = MAX_PARTITIONS;
+            names.extend(spec.queues());
+        }
+    }
+    names
+}
 pub const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
 pub const SECRET: &str = "cluster-secret";
 
@@ -107,11 +136,8 @@ pub async fn launch_built(
     let prefix = layout.queue_prefix();
     let conn = reliability::broker::connect(&amqp_url(), "cluster-setup").await?;
     let channel = conn.create_channel().await?;
-    for c in CONSUMERS {
-        for q in [
-            format!("{prefix}{c}"),
-            reliability::broker::dead_letter_queue(&format!("{prefix}{c}")),
-        ] {
+    for c in queue_names(&prefix) {
+        for q in [c.clone(), reliability::broker::dead_letter_queue(&c)] {
             channel
                 .queue_delete(
                     q.as_str().into(),
@@ -119,6 +145,14 @@ pub async fn launch_built(
                 )
                 .await?;
         }
+        // An ordered subscription's hash exchange keeps the bindings of
+        // partitions an earlier run had, beyond this run's K.
+        channel
+            .exchange_delete(
+                format!("{c}.partitions").as_str().into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await?;
     }
     conn.close(200, "setup done".into()).await?;
 
@@ -190,8 +224,7 @@ pub async fn launch_built(
     }
     cluster.start_all()?;
     cluster.wait_ready().await?;
-    let queues: Vec<String> = CONSUMERS.iter().map(|c| format!("{prefix}{c}")).collect();
-    reliability::testing::wait_for_queues(&queues).await;
+    reliability::testing::wait_for_queues(&queues(&prefix)).await;
     Ok((cluster, dbs))
 }
 
@@ -293,6 +326,21 @@ impl Client {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// One stock adjustment of `delta` under the Idempotency-Key `key`.
+    pub async fn adjust(
+        &self,
+        tenant: i64,
+        sku: &str,
+        delta: i64,
+        key: &str,
+    ) -> anyhow::Result<()> {
+        let body = json!({"sku": sku, "delta": delta, "reason": "e2e"});
+        let url = format!("{}/stock/adjustments", self.inventory);
+        let (status, body) = self.post(tenant, &url, key, &body).await?;
+        anyhow::ensure!(status == 201, "adjust {sku}: {status} {body}");
+        Ok(())
     }
 
     pub async fn stock(&self, tenant: i64, sku: &str, units: i64) -> anyhow::Result<()> {

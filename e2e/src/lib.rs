@@ -121,15 +121,7 @@ impl Stack {
     /// Every consumer has declared and bound its queue (so no event is
     /// published before a queue can take it).
     async fn wait_until_consuming(&self) {
-        let queues: Vec<String> = [
-            "orders.saga",
-            "inventory.stock",
-            "payments.charges",
-            "projection.views",
-        ]
-        .iter()
-        .map(|name| format!("{}{name}", self.common.queue_prefix))
-        .collect();
+        let queues = cluster::queues(&self.common.queue_prefix);
         reliability::testing::wait_for_queues(&queues).await;
     }
 
@@ -186,15 +178,7 @@ impl Stack {
 
     pub async fn stop(self) {
         self.stop.cancel();
-        let queues: Vec<String> = [
-            "orders.saga",
-            "inventory.stock",
-            "payments.charges",
-            "projection.views",
-        ]
-        .iter()
-        .map(|name| format!("{}{name}", self.common.queue_prefix))
-        .collect();
+        let queues = cluster::queue_names(&self.common.queue_prefix);
         reliability::testing::delete_broker_objects(&queues, &self.common.exchange).await;
         for db in [
             self.dbs.orders,

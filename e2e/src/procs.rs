@@ -231,6 +231,28 @@ impl Cluster {
         Ok(())
     }
 
+    /// Waits until each of `names` answers `/readyz` (the others may be down).
+    pub async fn ready(&self, names: &[&str]) -> anyhow::Result<()> {
+        let http = reqwest::Client::new();
+        for name in names {
+            let port = self
+                .metrics_port(name)
+                .with_context(|| format!("{name} has no ops port"))?;
+            wait_until(
+                Duration::from_secs(60),
+                &format!("{name} ready on :{port}"),
+                || async {
+                    http.get(format!("http://127.0.0.1:{port}/readyz"))
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                },
+            )
+            .await;
+        }
+        Ok(())
+    }
+
     /// Peak resident set (KiB) of each running process since its last start.
     pub fn peak_rss_kib(&self) -> BTreeMap<String, u64> {
         self.procs

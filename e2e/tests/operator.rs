@@ -82,7 +82,10 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         .map(|d| d.consumer.as_str())
         .collect();
     consumers.sort_unstable();
-    assert_eq!(consumers, ["inventory.stock", "projection.views"]);
+    assert_eq!(
+        consumers,
+        ["inventory.stock", "projection.history", "projection.views"]
+    );
     assert!(placed.deliveries.iter().all(|d| d.state == "applied"));
 
     // The provider's record under the payment's key, beside ours.

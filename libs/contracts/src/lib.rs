@@ -108,12 +108,21 @@ pub mod topology {
         partitions: 0,
     };
 
+    /// The projection's history: each order's and each product's events
+    /// in the order they happened, so ordered per aggregate (docs/adr/0028).
+    pub const PROJECTION_HISTORY: Subscription = Subscription::new(
+        "projection.history",
+        &["orders.*", "inventory.StockAdjusted"],
+    )
+    .ordered(4);
+
     /// Every subscription of the commerce services.
     pub const ALL: &[Subscription] = &[
         INVENTORY_STOCK,
         PAYMENTS_CHARGES,
         ORDERS_SAGA,
         PROJECTION_VIEWS,
+        PROJECTION_HISTORY,
     ];
 
     /// Whether a topic exchange routes `routing_key` through `binding`

@@ -23,7 +23,8 @@ pub use dead_letters::{
 pub use publish::{Outgoing, PublishFailure, Publisher, Sent};
 pub use topology::{
     PARTITION_HEADER, QueueSpec, Subscription, dead_letter_exchange, dead_letter_queue,
-    declare_exchange, declare_queue, declare_topology, require_queues, topic_matches,
+    declare_exchange, declare_queue, declare_topology, partitions_override, require_queues,
+    topic_matches,
 };
 
 /// Connects with a name that shows in the management UI.

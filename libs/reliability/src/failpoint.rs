@@ -11,9 +11,15 @@
 //! - `abort`: the process aborts on the spot, like `kill -9`;
 //! - `freeze`: the process stops itself (SIGSTOP) on the spot, as a paused
 //!   VM or a long stall would: its transaction, locks, connections and
-//!   unacked deliveries stay held until something sends it SIGCONT.
+//!   unacked deliveries stay held until something sends it SIGCONT;
+//! - `permanent` (the handler point only): the handler fails for good, as
+//!   one with a bug on some data does.
 //!
 //! A point fires once unless written `name=error*` / `name=abort*` (every time).
+//! The handler point may be narrowed to one consumer's events of one
+//! aggregate: `consumer.handler@<consumer>/<tenant>/<type>:<id>`, e.g.
+//! `consumer.handler@projection.history/7/product:SKU-1=permanent*` (a
+//! poison aggregate, its neighbours untouched).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,6 +50,7 @@ pub enum Action {
     Error,
     Abort,
     Freeze,
+    Permanent,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +82,7 @@ impl FailPoints {
                 "error" => Action::Error,
                 "abort" => Action::Abort,
                 "freeze" => Action::Freeze,
+                "permanent" => Action::Permanent,
                 other => {
                     return Err(Error::Config(format!(
                         "unknown fail point action `{other}`"
@@ -98,8 +106,26 @@ impl FailPoints {
             .insert(name.to_owned(), Armed { action, repeat });
     }
 
+    /// Whether any point is armed (a caller may then build scoped names).
+    pub fn any_armed(&self) -> bool {
+        !self
+            .0
+            .lock()
+            .expect("fail point registry poisoned")
+            .is_empty()
+    }
+
     /// Fires `name` if armed.
     pub fn check(&self, name: &'static str) -> Result<()> {
+        match self.fire(name) {
+            Some(Action::Error | Action::Permanent) => Err(Error::FailPoint(name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fires `name` if armed: aborts or freezes on the spot, or returns the
+    /// failure the caller must produce (`Error` or `Permanent`).
+    pub fn fire(&self, name: &str) -> Option<Action> {
         let fired = {
             let mut map = self.0.lock().expect("fail point registry poisoned");
             match map.get(name).copied() {
@@ -112,13 +138,14 @@ impl FailPoints {
             }
         };
         match fired {
-            None => Ok(()),
-            Some(Action::Error) => {
+            None => None,
+            Some(action @ (Action::Error | Action::Permanent)) => {
                 tracing::warn!(
                     fail_point = name,
-                    "fail point fired: stopping as if crashed"
+                    ?action,
+                    "fail point fired: failing as if crashed or broken"
                 );
-                Err(Error::FailPoint(name))
+                Some(action)
             }
             Some(Action::Abort) => {
                 tracing::warn!(fail_point = name, "fail point fired: aborting the process");
@@ -134,7 +161,7 @@ impl FailPoints {
                 let _ = std::process::Command::new("kill")
                     .args(["-STOP", &std::process::id().to_string()])
                     .status();
-                Ok(())
+                None
             }
         }
     }
@@ -152,6 +179,18 @@ mod tests {
         assert!(fp.check("b").is_err());
         assert!(fp.check("b").is_err());
         assert!(fp.check("c").is_ok());
+    }
+
+    #[test]
+    fn a_scoped_permanent_point_fires_for_its_scope_only() {
+        let fp = FailPoints::parse("consumer.handler@c/7/product:A=permanent*").unwrap();
+        assert!(fp.any_armed());
+        assert_eq!(fp.fire("consumer.handler@c/7/product:B"), None);
+        assert_eq!(
+            fp.fire("consumer.handler@c/7/product:A"),
+            Some(Action::Permanent)
+        );
+        assert!(!FailPoints::none().any_armed());
     }
 
     #[test]

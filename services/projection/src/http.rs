@@ -1,4 +1,6 @@
-//! `GET /orders/{order_id}`: the order as the events tell it.
+//! `GET /orders/{order_id}`: the order as the events tell it;
+//! `GET /history/{aggregate_type}/{aggregate_id}`: an order's or a
+//! product's events in the order they happened.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -17,6 +19,7 @@ use crate::Error;
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()
         .routes(routes!(get_order))
+        .routes(routes!(get_history))
         .with_state(state)
 }
 
@@ -51,6 +54,22 @@ async fn get_order(
 ) -> Result<Json<OrderView>, Error> {
     let order_id: i64 = order_id.parse().map_err(|_| Error::NotFound)?;
     read_one(&pool, tenant, async |tx| find(tx, order_id).await).await
+}
+
+#[utoipa::path(get, path = "/history/{aggregate_type}/{aggregate_id}", tag = "projection",
+    params(("aggregate_type" = String, Path, description = "`order` or `product`"),
+           ("aggregate_id" = String, Path, description = "the order's id or the product's sku")),
+    responses((status = 200, description = "the aggregate's events in the order they happened (404 until the first arrives)", body = [crate::history::Entry])))]
+async fn get_history(
+    tenant: TenantId,
+    State(pool): State<PgPool>,
+    Path((aggregate_type, aggregate_id)): Path<(String, String)>,
+) -> Result<Json<Vec<crate::history::Entry>>, Error> {
+    read_one(&pool, tenant, async |tx| {
+        let entries = crate::history::read(tx, &aggregate_type, &aggregate_id).await?;
+        Ok((!entries.is_empty()).then_some(entries))
+    })
+    .await
 }
 
 /// The view and its timeline (oldest first), if any event of the order arrived.

@@ -1,8 +1,11 @@
 //! projection: the order view (`GET /orders/{order_id}` on port 8084),
 //! built only from events: status, totals, payment, reservation, refunds
-//! and the timeline. It can be rebuilt from the sources' event history.
+//! and the timeline; and each order's and product's history in the order
+//! it happened (`GET /history/...`, an ordered subscription). It can be
+//! rebuilt from the sources' event history.
 
 mod error;
+pub mod history;
 pub mod http;
 pub mod rebuild;
 pub mod views;
@@ -39,8 +42,19 @@ pub struct RebuildSettings {
 }
 
 fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliability::Result<()> {
-    let sub = &contracts::topology::PROJECTION_VIEWS;
-    tasks.consume(dbs, &settings.common, sub, views::Views)
+    let common = &settings.common;
+    tasks.consume(
+        dbs,
+        common,
+        &contracts::topology::PROJECTION_VIEWS,
+        views::Views,
+    )?;
+    tasks.consume(
+        dbs,
+        common,
+        &contracts::topology::PROJECTION_HISTORY,
+        history::History,
+    )
 }
 
 /// `--rebuild-from`: reset the projection and replay the given sources.

@@ -51,7 +51,7 @@ fn sku(tenant: i64) -> String {
 }
 
 /// Runs a command off the async threads (the traffic keeps flowing).
-async fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<Output> {
+pub(crate) async fn run_cmd(program: &str, args: &[&str]) -> anyhow::Result<Output> {
     let mut cmd = Command::new(program);
     cmd.args(args);
     let out = tokio::task::spawn_blocking(move || cmd.output()).await??;

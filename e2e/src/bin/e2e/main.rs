@@ -60,6 +60,7 @@ mod cutoff;
 mod faults;
 mod hostile;
 mod money;
+mod ordered;
 mod partial;
 mod pooled;
 mod scale;
@@ -85,6 +86,7 @@ fn scenarios() -> Vec<Scenario> {
         money::scenarios(),
         partial::scenarios(),
         cutoff::scenarios(),
+        ordered::scenarios(),
     ]
     .concat()
 }

@@ -154,6 +154,35 @@ impl QueueSpec {
     }
 }
 
+/// The partitions `setting` (`consumer=K,...`, as `ORDERED_PARTITIONS`
+/// reads) gives `sub` in place of the code's K, if it names it. A malformed
+/// item, a K outside 1..=1024, or an order-free subscription named: an error.
+pub fn partitions_override(setting: &str, sub: &Subscription) -> Result<Option<u16>> {
+    let mut found = None;
+    for item in setting.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || {
+            Error::Config(format!(
+                "ORDERED_PARTITIONS: `{item}` is not consumer=K with K from 1 to 1024"
+            ))
+        };
+        let (consumer, k) = item.split_once('=').ok_or_else(bad)?;
+        let k: u16 = k.trim().parse().map_err(|_| bad())?;
+        if !(1..=1024).contains(&k) {
+            return Err(bad());
+        }
+        if consumer.trim() == sub.consumer {
+            if !sub.is_ordered() {
+                return Err(Error::Config(format!(
+                    "ORDERED_PARTITIONS: {} is an order-free subscription",
+                    sub.consumer
+                )));
+            }
+            found = Some(k);
+        }
+    }
+    Ok(found)
+}
+
 /// Declares the exchange, the dead-letter exchange, the queue, its DLQ and
 /// bindings. Idempotent; every consumer runs it on start.
 pub async fn declare_queue(channel: &Channel, spec: &QueueSpec) -> Result<()> {
@@ -293,4 +322,24 @@ fn queue_args(spec: &QueueSpec) -> FieldTable {
         AMQPValue::LongString("reject-publish".into()),
     );
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partitions_setting_names_ordered_subscriptions_only() {
+        let ordered = Subscription::new("a.ordered", &["x.*"]).ordered(4);
+        let free = Subscription::new("a.free", &["x.*"]);
+        let k = |setting: &str, sub: &Subscription| partitions_override(setting, sub);
+        assert_eq!(k("", &ordered).unwrap(), None);
+        assert_eq!(k("a.ordered=8", &ordered).unwrap(), Some(8));
+        assert_eq!(k(" other=2 , a.ordered = 16 ", &ordered).unwrap(), Some(16));
+        assert_eq!(k("other=2", &ordered).unwrap(), None);
+        assert!(k("a.free=8", &free).is_err());
+        for bad in ["a.ordered", "a.ordered=0", "a.ordered=x", "a.ordered=5000"] {
+            assert!(k(bad, &ordered).is_err(), "{bad}");
+        }
+    }
 }

@@ -251,10 +251,27 @@ impl<H: Handler> Consumer<H> {
     /// The handler for a freshly recorded event, in `tx` (not committed).
     #[tracing::instrument(skip_all, fields(consumer = %self.config.name, message_id = %event.message_id(), event_type = %event.event_type))]
     async fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> Result<(), ApplyError> {
-        if let Err(Error::FailPoint(name)) =
-            self.config.fail_points.check(failpoint::CONSUMER_HANDLER)
-        {
-            return Err(HandlerError::Transient(format!("fail point {name} fired").into()).into());
+        let points = &self.config.fail_points;
+        if points.any_armed() {
+            // The point as a whole, or narrowed to this consumer's events of
+            // one aggregate (a poison aggregate in the e2e suite).
+            let scoped = format!(
+                "{}@{}/{}/{}",
+                failpoint::CONSUMER_HANDLER,
+                self.config.name,
+                event.tenant_id,
+                event.aggregate_key()
+            );
+            for name in [failpoint::CONSUMER_HANDLER, scoped.as_str()] {
+                let why = || format!("fail point {name} fired").into();
+                match points.fire(name) {
+                    Some(failpoint::Action::Permanent) => {
+                        return Err(HandlerError::Permanent(why()).into());
+                    }
+                    Some(_) => return Err(HandlerError::Transient(why()).into()),
+                    None => {}
+                }
+            }
         }
         self.handler.handle(tx, event).await?;
         Ok(())

@@ -87,7 +87,10 @@ impl Tasks {
         subscriptions: &[Subscription],
     ) -> Result<()> {
         let mut config = RelayConfig::new(source, &common.exchange);
-        config.topology = subscriptions.iter().map(|s| common.queue_spec(s)).collect();
+        config.topology = subscriptions
+            .iter()
+            .map(|s| common.queue_spec(s))
+            .collect::<Result<_>>()?;
         config.fail_points = common.fail_points()?;
         config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
         config.confirm_timeout = Duration::from_millis(common.relay_confirm_timeout_ms);

@@ -86,6 +86,12 @@ pub struct CommonSettings {
     /// on one broker keep theirs apart with it).
     #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
     pub queue_prefix: String,
+    /// Partitions of ordered subscriptions in place of the code's K:
+    /// `consumer=K,...` (e.g. `projection.history=8`). The step of a K
+    /// change without a rebuild (docs/runbooks.md); every process of the
+    /// stack must run with the same value.
+    #[arg(long, env = "ORDERED_PARTITIONS", default_value = "")]
+    pub ordered_partitions: String,
     /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
     #[arg(long, env = "RELAY_BACKOFF_MS", default_value_t = 30_000)]
     pub relay_backoff_ms: u64,
@@ -184,6 +190,7 @@ impl CommonSettings {
             db_pooler: None,
             fail_points: String::new(),
             queue_prefix: String::new(),
+            ordered_partitions: String::new(),
             relay_backoff_ms: 30_000,
             relay_confirm_timeout_ms: 10_000,
             relay_max_attempts: 10,
@@ -238,16 +245,21 @@ impl CommonSettings {
         FailPoints::parse(&self.fail_points)
     }
 
-    /// The queue of `sub` on the events exchange, its name prefixed.
-    pub fn queue_spec(&self, sub: &Subscription) -> QueueSpec {
-        QueueSpec::for_subscription(sub, &self.exchange, &self.queue_prefix)
+    /// The queue of `sub` on the events exchange, its name prefixed, its
+    /// partitions as `ORDERED_PARTITIONS` says if it names `sub`.
+    pub fn queue_spec(&self, sub: &Subscription) -> Result<QueueSpec> {
+        let mut spec = QueueSpec::for_subscription(sub, &self.exchange, &self.queue_prefix);
+        if let Some(k) = crate::broker::partitions_override(&self.ordered_partitions, sub)? {
+            spec.partitions = k;
+        }
+        Ok(spec)
     }
 
     /// The consumer of `sub` (the topology declares it once for both sides),
     /// its lanes and fail points from these settings.
     pub fn consumer_config(&self, sub: &Subscription) -> Result<ConsumerConfig> {
         let mut config = ConsumerConfig::new(sub.consumer, &self.exchange, sub.bindings);
-        config.queue = self.queue_spec(sub);
+        config.queue = self.queue_spec(sub)?;
         config.lanes = self.consumer_lanes.max(1);
         config.fail_points = self.fail_points()?;
         Ok(config)

@@ -35,7 +35,7 @@ fn common() -> CommonSettings {
 fn queues(common: &CommonSettings) -> Vec<String> {
     contracts::topology::ALL
         .iter()
-        .map(|s| common.queue_spec(s).queue)
+        .map(|s| common.queue_spec(s).unwrap().queue)
         .collect()
 }
 
@@ -97,7 +97,10 @@ async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
     let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
     let common = common();
     // A classic queue squats on the name of the saga's quorum queue.
-    let squatter = common.queue_spec(&contracts::topology::ORDERS_SAGA).queue;
+    let squatter = common
+        .queue_spec(&contracts::topology::ORDERS_SAGA)
+        .unwrap()
+        .queue;
     let conn = broker::connect(&amqp_url(), "ops-test").await.unwrap();
     let channel = conn.create_channel().await.unwrap();
     channel

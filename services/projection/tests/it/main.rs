@@ -2,6 +2,7 @@
 //! whatever order (and however often) its events arrive.
 
 mod appliers;
+mod history;
 
 use contracts::event;
 use projection::views::{CONSUMER, Views};
@@ -12,7 +13,7 @@ use reliability::service::{self, CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::{Value, json};
 
-async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
+pub(crate) async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     let db = TestDb::with_migrations(&projection::MIGRATIONS).await;
     let mut common = CommonSettings::local();
     common.exchange = unique("reltest.projection.");
