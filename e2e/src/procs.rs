@@ -201,25 +201,14 @@ impl Cluster {
     /// Waits until every process answers `/readyz` (relays with their
     /// topology declared, consumers connected) and every process lives.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let http = reqwest::Client::new();
-        let ports: Vec<(String, u16)> = self
+        let served: Vec<String> = self
             .procs
             .values()
-            .filter_map(|p| p.http.or(p.ops).map(|port| (p.name.clone(), port)))
+            .filter(|p| p.http.or(p.ops).is_some())
+            .map(|p| p.name.clone())
             .collect();
-        for (name, port) in ports {
-            wait_until(
-                Duration::from_secs(60),
-                &format!("{name} ready on :{port}"),
-                || async {
-                    http.get(format!("http://127.0.0.1:{port}/readyz"))
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                },
-            )
-            .await;
-        }
+        let served: Vec<&str> = served.iter().map(String::as_str).collect();
+        self.ready(&served).await?;
         let names: Vec<String> = self.procs.keys().cloned().collect();
         for name in names {
             anyhow::ensure!(

@@ -23,6 +23,7 @@ async fn estate(stack: &Stack) -> ops::Estate {
         ),
         queue_prefix: stack.common.queue_prefix.clone(),
         subscriptions: contracts::topology::ALL,
+        ordered_partitions: String::new(),
         management_url: None,
     }
 }

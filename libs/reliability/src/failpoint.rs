@@ -16,8 +16,10 @@
 //!   one with a bug on some data does.
 //!
 //! A point fires once unless written `name=error*` / `name=abort*` (every time).
-//! The handler point may be narrowed to one consumer's events of one
-//! aggregate: `consumer.handler@<consumer>/<tenant>/<type>:<id>`, e.g.
+//! The handler point may be narrowed to one consumer,
+//! `consumer.handler@<consumer>` (its process's other consumers untouched),
+//! or to one consumer's events of one aggregate,
+//! `consumer.handler@<consumer>/<tenant>/<type>:<id>`, e.g.
 //! `consumer.handler@projection.history/7/product:SKU-1=permanent*` (a
 //! poison aggregate, its neighbours untouched).
 

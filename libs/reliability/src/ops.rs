@@ -20,6 +20,9 @@ pub struct Estate {
     pub queue_prefix: String,
     /// The consumers to report on.
     pub subscriptions: &'static [Subscription],
+    /// `ORDERED_PARTITIONS`, as the services were given it: the K of an
+    /// ordered subscription when it is not the code's.
+    pub ordered_partitions: String,
     /// RabbitMQ's management API (`http://user:pass@host:15672`), for
     /// unacked counts, which AMQP does not report.
     pub management_url: Option<String>,

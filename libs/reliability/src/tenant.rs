@@ -80,6 +80,34 @@ impl TenantTx {
         Ok(Self { tx, tenant })
     }
 
+    /// As [`Self::begin`], and in the same round trip takes the
+    /// transaction-scoped advisory locks `locks` in ascending order (the
+    /// lock order of every applier). Every later statement's snapshot is
+    /// then taken with them held, so it may read and write what they guard
+    /// in one go (docs/adr/0028). The keys are integers, formatted here. A
+    /// lock wait that fails (a statement timeout) aborts the block: the
+    /// next statement fails, none runs without its locks.
+    pub(crate) async fn begin_locked(
+        pool: &PgPool,
+        tenant: TenantId,
+        locks: &[i64],
+    ) -> sqlx::Result<Self> {
+        let mut keys: Vec<i64> = locks.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        let keys: Vec<String> = keys.iter().map(i64::to_string).collect();
+        let tx = pool
+            .begin_with(sqlx::AssertSqlSafe(format!(
+                "BEGIN; SELECT set_config('app.tenant_id', '{}', true),
+                        (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(k)
+                                               FROM unnest('{{{}}}'::bigint[]) AS u(k) ORDER BY k) AS l)",
+                tenant.get(),
+                keys.join(",")
+            )))
+            .await?;
+        Ok(Self { tx, tenant })
+    }
+
     pub fn tenant(&self) -> TenantId {
         self.tenant
     }

@@ -15,6 +15,9 @@ pub struct History;
 
 impl Handler for History {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
+        // Only events the contract knows, in a version it knows: anything
+        // else fails for good, and parks its aggregate.
+        e.event()?;
         // The next position of the aggregate; its primary key refuses a
         // second applier writing the same one.
         sqlx::query(

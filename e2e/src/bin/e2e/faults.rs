@@ -265,6 +265,7 @@ async fn reverse_queue(queue: &str) -> anyhow::Result<usize> {
 /// applies each event once, and only the poison stays in the DLQ.
 pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     const PROJECTION: &str = "projection.views";
+    const HISTORY: &str = "projection.history";
     run.client.stock(tenant, &sku(tenant), 100).await?;
     let envelope = json!({
         "id": 900_000_000_i64 + tenant, "source": "orders", "tenant_id": tenant,
@@ -296,13 +297,42 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
             .entry(broker::dead_letter_queue(&format!("{PREFIX}{c}")))
             .or_default() += 2;
     }
+    // The ordered history dead-letters what has no aggregate to park (the
+    // malformed one) and parks the v99 event's aggregate; the operator
+    // drops that event for good.
+    *run.poison
+        .entry(broker::dead_letter_queue(&format!("{PREFIX}{HISTORY}")))
+        .or_default() += 1;
+    let dbs = &run.dbs;
+    wait_until(
+        Duration::from_secs(60),
+        "the v99 event parked in the history",
+        || async {
+            reliability::consumer::parked(&dbs.projection, Some(HISTORY))
+                .await
+                .is_ok_and(|p| p.iter().any(|a| a.tenant_id == tenant))
+        },
+    )
+    .await;
+    let skipped = reliability::consumer::skip_first(
+        &run.dbs.projection,
+        HISTORY,
+        tenant,
+        "order",
+        "0",
+        false,
+    )
+    .await?;
+    anyhow::ensure!(skipped.is_some(), "no parked v99 event to skip");
     let projection_dlq = broker::dead_letter_queue(&format!("{PREFIX}{PROJECTION}"));
     wait_for_depth(&projection_dlq, 2).await;
 
     // A projection whose handler fails on everything.
     run.cluster.kill9("projection-consumer");
-    run.cluster
-        .start("projection-consumer", Some("consumer.handler=error*"))?;
+    // Narrowed to the views: the history in the same process is not the
+    // one with the bug.
+    let failing = format!("consumer.handler@{PROJECTION}=error*");
+    run.cluster.start("projection-consumer", Some(&failing))?;
     run.client.orders(tenant, 2).await?;
     quiesce(run, tenant).await?;
     let events = tenant_events(run, tenant).await?;
@@ -363,7 +393,7 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
     violations.extend(dlq_metrics(run).await?);
     Ok((
         format!(
-            "malformed + v99 published; projection handler failing (consumer.handler=error*): {} events dead-lettered, then `reliability queue dlq redrive`",
+            "malformed + v99 published (the ordered history parks v99's aggregate; skipped); projection handler failing (consumer.handler@projection.views=error*): {} events dead-lettered, then `reliability queue dlq redrive`",
             events - before
         ),
         violations,

@@ -16,6 +16,29 @@ use super::{
     ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of,
 };
 
+/// The statement parts that advance the lane's progress stripe, per source,
+/// from `seen` (the run's events) and `fresh` (those recorded now): `$1`
+/// tenant, `$2` consumer, `$5` stripe. Shared by the order-free record and
+/// the ordered one (`ordered.rs`).
+macro_rules! offsets_ctes {
+    () => {
+        "progress AS (
+             SELECT source, max(message_id) AS last_seen, count(*) AS seen,
+                    (SELECT count(*) FROM fresh f WHERE f.source = s.source) AS applied
+             FROM seen s GROUP BY source
+         ), bumped AS (
+             INSERT INTO consumer_offsets (tenant_id, consumer, source, stripe, last_seen_id, applied_count, duplicate_count)
+             SELECT $1, $2, source, $5, last_seen, applied, seen - applied FROM progress ORDER BY source
+             ON CONFLICT (tenant_id, consumer, source, stripe) DO UPDATE
+             SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
+                 applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
+                 duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
+                 updated_at = now()
+         )"
+    };
+}
+pub(super) use offsets_ctes;
+
 impl<H: Handler> Consumer<H> {
     /// Applies `event` once: aggregate lock, dedup record and offset,
     /// handler, commit. Safe beside running consumers of the same name (a
@@ -29,16 +52,13 @@ impl<H: Handler> Consumer<H> {
         event: &Envelope,
         lane: Lane,
     ) -> Result<Outcome, ApplyError> {
-        let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
-        let locks = self.lock_keys(&[event]);
-        let fresh = self.record(&mut tx, &[event], lane, &locks).await?;
-        let gate = if fresh.is_empty() {
-            None
-        } else if self.is_ordered() {
-            self.gate(&mut tx, &[event]).await?.pop()
-        } else {
-            Some(Gate::Apply)
-        };
+        let mut locks = self.lock_keys(&[event]);
+        let mut tx = self.begin(tenant_of(event)?, &mut locks).await?;
+        let gate = self
+            .record_run(&mut tx, &[event], lane, &locks)
+            .await?
+            .pop()
+            .flatten();
         let outcome = match gate {
             None => Outcome::Duplicate,
             Some(Gate::Park(reason)) => {
@@ -96,44 +116,34 @@ impl<H: Handler> Consumer<H> {
     ) -> Result<Vec<Outcome>, ApplyError> {
         let mut order: Vec<usize> = (0..group.len()).collect();
         order.sort_by_key(|&i| group[i].1.tenant_id);
-        let mut tx = TenantTx::begin(&self.pool, tenant_of(&group[order[0]].1)?).await?;
         let all: Vec<&Envelope> = group.iter().map(|(_, e)| e).collect();
-        // Every aggregate of the group, locked by the first tenant's record
-        // statement, before any record of any tenant.
+        // Every aggregate of the group, locked before any record of any
+        // tenant: as the transaction opens (ordered), or by the first
+        // tenant's record statement.
         let mut locks = self.lock_keys(&all);
+        let mut tx = self
+            .begin(tenant_of(&group[order[0]].1)?, &mut locks)
+            .await?;
         let mut outcomes = vec![Outcome::Duplicate; group.len()];
         for run in order.chunk_by(|&a, &b| group[a].1.tenant_id == group[b].1.tenant_id) {
             tx.rescope(tenant_of(&group[run[0]].1)?).await?;
             let events: Vec<&Envelope> = run.iter().map(|&i| &group[i].1).collect();
-            let mut fresh = self
-                .record(&mut tx, &events, lane, &std::mem::take(&mut locks))
+            let gates = self
+                .record_run(&mut tx, &events, lane, &std::mem::take(&mut locks))
                 .await?;
-            let to_apply: Vec<usize> = run
-                .iter()
-                .copied()
-                .filter(|&i| fresh.remove(&(group[i].1.source.clone(), group[i].1.id)))
-                .collect();
-            if to_apply.is_empty() {
-                continue;
-            }
-            let mut to_apply = to_apply;
-            if self.is_ordered() {
-                let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
-                let gates = self.gate(&mut tx, &fresh_events).await?;
-                let mut kept = Vec::with_capacity(to_apply.len());
-                for (i, gate) in to_apply.into_iter().zip(gates) {
-                    match gate {
-                        Gate::Apply => kept.push(i),
-                        Gate::Park(reason) => {
-                            self.park(&mut tx, &group[i].1, reason.as_deref()).await?;
-                            outcomes[i] = Outcome::Parked;
-                        }
+            let mut to_apply = Vec::with_capacity(run.len());
+            for (&i, gate) in run.iter().zip(gates) {
+                match gate {
+                    None => {}
+                    Some(Gate::Apply) => to_apply.push(i),
+                    Some(Gate::Park(reason)) => {
+                        self.park(&mut tx, &group[i].1, reason.as_deref()).await?;
+                        outcomes[i] = Outcome::Parked;
                     }
                 }
-                to_apply = kept;
-                if to_apply.is_empty() {
-                    continue;
-                }
+            }
+            if to_apply.is_empty() {
+                continue;
             }
             let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
             self.handler.prepare(&mut tx, &fresh_events).await?;
@@ -149,6 +159,41 @@ impl<H: Handler> Consumer<H> {
         }
         tx.commit().await?;
         Ok(outcomes)
+    }
+
+    /// Opens the transaction for `tenant`'s events. An ordered subscription
+    /// takes all `locks` at once, as it opens: its record reads what they
+    /// guard. Otherwise they are left for [`Self::record`] to take.
+    async fn begin(&self, tenant: crate::TenantId, locks: &mut Vec<i64>) -> sqlx::Result<TenantTx> {
+        if self.is_ordered() {
+            TenantTx::begin_locked(&self.pool, tenant, &std::mem::take(locks)).await
+        } else {
+            TenantTx::begin(&self.pool, tenant).await
+        }
+    }
+
+    /// Records one tenant's `events` (taking `locks` first, if any are
+    /// left) and, for an ordered subscription, gates the fresh ones: for
+    /// each event, `None` if it is a duplicate, else its gate.
+    async fn record_run(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+        lane: Lane,
+        locks: &[i64],
+    ) -> Result<Vec<Option<Gate>>, ApplyError> {
+        if self.is_ordered() {
+            return self.record_gated(tx, events, lane).await;
+        }
+        let mut fresh = self.record(tx, events, lane, locks).await?;
+        Ok(events
+            .iter()
+            .map(|e| {
+                fresh
+                    .remove(&(e.source.clone(), e.id))
+                    .then_some(Gate::Apply)
+            })
+            .collect())
     }
 
     /// The advisory lock key of every aggregate the events change, sorted
@@ -199,7 +244,7 @@ impl<H: Handler> Consumer<H> {
     ) -> Result<HashSet<(String, i64)>, ApplyError> {
         let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
-        let fresh: Vec<(String, i64)> = sqlx::query_as(
+        let fresh: Vec<(String, i64)> = sqlx::query_as(concat!(
             "WITH seen AS (
                  SELECT * FROM unnest($3::text[], $4::bigint[]) AS s (source, message_id)
              ), fresh AS (
@@ -211,20 +256,11 @@ impl<H: Handler> Consumer<H> {
                  ORDER BY source, message_id -- one lock order for concurrent appliers
                  ON CONFLICT DO NOTHING
                  RETURNING source, message_id
-             ), progress AS (
-                 SELECT source, max(message_id) AS last_seen, count(*) AS seen,
-                        (SELECT count(*) FROM fresh f WHERE f.source = s.source) AS applied
-                 FROM seen s GROUP BY source
-             ), bumped AS (
-                 INSERT INTO consumer_offsets (tenant_id, consumer, source, stripe, last_seen_id, applied_count, duplicate_count)
-                 SELECT $1, $2, source, $5, last_seen, applied, seen - applied FROM progress ORDER BY source
-                 ON CONFLICT (tenant_id, consumer, source, stripe) DO UPDATE
-                 SET last_seen_id = GREATEST(consumer_offsets.last_seen_id, EXCLUDED.last_seen_id),
-                     applied_count = consumer_offsets.applied_count + EXCLUDED.applied_count,
-                     duplicate_count = consumer_offsets.duplicate_count + EXCLUDED.duplicate_count,
-                     updated_at = now()
-             )
-             SELECT source, message_id FROM fresh",
+             ), ",
+            offsets_ctes!(),
+            "
+             SELECT source, message_id FROM fresh"
+        ),
         )
         .bind(tx.tenant().get())
         .bind(&self.config.name)
@@ -253,16 +289,11 @@ impl<H: Handler> Consumer<H> {
     async fn handle(&self, tx: &mut TenantTx, event: &Envelope) -> Result<(), ApplyError> {
         let points = &self.config.fail_points;
         if points.any_armed() {
-            // The point as a whole, or narrowed to this consumer's events of
-            // one aggregate (a poison aggregate in the e2e suite).
-            let scoped = format!(
-                "{}@{}/{}/{}",
-                failpoint::CONSUMER_HANDLER,
-                self.config.name,
-                event.tenant_id,
-                event.aggregate_key()
-            );
-            for name in [failpoint::CONSUMER_HANDLER, scoped.as_str()] {
+            // The point as a whole, narrowed to this consumer, or to this
+            // consumer's events of one aggregate (a poison aggregate).
+            let consumer = format!("{}@{}", failpoint::CONSUMER_HANDLER, self.config.name);
+            let aggregate = format!("{consumer}/{}/{}", event.tenant_id, event.aggregate_key());
+            for name in [failpoint::CONSUMER_HANDLER, &consumer, &aggregate] {
                 let why = || format!("fail point {name} fired").into();
                 match points.fire(name) {
                     Some(failpoint::Action::Permanent) => {

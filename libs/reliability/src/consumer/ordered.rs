@@ -3,12 +3,12 @@
 //! or parked behind its aggregate's parked events, or parks its aggregate
 //! because it came out of order; the positions advance with the commit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::TenantTx;
 use crate::outbox::Envelope;
 
-use super::{ApplyError, Consumer, Handler};
+use super::{ApplyError, Consumer, Handler, Lane};
 
 /// What the gate decided for one fresh event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,30 +56,50 @@ impl<H: Handler> Consumer<H> {
             .collect()
     }
 
-    /// The gate for each of one tenant's fresh `events`, in their order,
-    /// with the positions advanced for those to apply (the caller holds
-    /// every aggregate's lock; a failed handler rolls the advance back with
-    /// the rest).
-    ///
-    /// One statement reads each aggregate's position and whether it is
-    /// parked and, for an aggregate whose events here are all in order and
-    /// not parked (the common case), advances its position too. Only an
+    /// One statement for one tenant's `events` on an ordered subscription:
+    /// the dedup records and the lane's progress (as the order-free record
+    /// does), and the gate for the fresh ones. The transaction has held
+    /// every aggregate's lock since it began ([`TenantTx::begin_locked`]),
+    /// so this statement's snapshot sees every earlier applier's commit.
+    /// The gate reads each aggregate's position and whether it is parked,
+    /// and advances the position of an aggregate whose fresh events here
+    /// are all in order and which is not parked (the common case). Only an
     /// aggregate with an event out of order costs more: its events are
     /// decided one by one, and those applied advance it in a statement of
     /// their own.
-    pub(super) async fn gate(
+    ///
+    /// Returns, for each event in order, `None` if it is a duplicate (in
+    /// the store, or earlier in `events`), else its gate; the positions are
+    /// advanced for those to apply (a failed handler rolls that back with
+    /// the rest).
+    pub(super) async fn record_gated(
         &self,
         tx: &mut TenantTx,
         events: &[&Envelope],
-    ) -> Result<Vec<Gate>, ApplyError> {
+        lane: Lane,
+    ) -> Result<Vec<Option<Gate>>, ApplyError> {
         let sources: Vec<&str> = events.iter().map(|e| e.source.as_str()).collect();
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
         let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-        let ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
         let seqs: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_seq).collect();
-        let rows: Vec<(String, String, String, Option<i64>, bool, bool)> = sqlx::query_as(
-            "WITH ev AS (
-                 SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[])
-                     WITH ORDINALITY AS e (source, aggregate_type, aggregate_id, seq, pos)
+        type Row = (String, i64, String, String, Option<i64>, bool, bool);
+        let rows: Vec<Row> = sqlx::query_as(concat!(
+            "WITH seen AS (
+                 SELECT * FROM unnest($3::text[], $4::bigint[], $6::text[], $7::text[], $8::bigint[])
+                     WITH ORDINALITY AS s (source, message_id, aggregate_type, aggregate_id, seq, pos)
+             ), fresh AS (
+                 INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+                 SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
+                 ORDER BY source, message_id
+                 ON CONFLICT DO NOTHING
+                 RETURNING source, message_id
+             ), ",
+            super::apply::offsets_ctes!(),
+            ", ev AS (
+                 SELECT DISTINCT ON (s.source, s.message_id) s.*
+                 FROM seen s JOIN fresh f USING (source, message_id)
+                 ORDER BY s.source, s.message_id, s.pos
              ), state AS (
                  SELECT k.*, p.last_seq, a.tenant_id IS NOT NULL AS parked
                  FROM (SELECT DISTINCT source, aggregate_type, aggregate_id FROM ev) k
@@ -106,23 +126,32 @@ impl<H: Handler> Consumer<H> {
                  ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
                  SET last_seq = GREATEST(aggregate_positions.last_seq, EXCLUDED.last_seq), updated_at = now()
              )
-             SELECT source, aggregate_type, aggregate_id, last_seq, parked, in_order FROM checked",
-        )
+             SELECT e.source, e.message_id, c.aggregate_type, c.aggregate_id, c.last_seq, c.parked, c.in_order
+             FROM ev e JOIN checked c USING (source, aggregate_type, aggregate_id)"
+        ))
         .bind(tx.tenant().get())
         .bind(&self.config.name)
         .bind(&sources)
-        .bind(&types)
         .bind(&ids)
+        .bind(lane.stripe)
+        .bind(&types)
+        .bind(&aggregates)
         .bind(&seqs)
         .fetch_all(&mut **tx)
         .await?;
-        let mut state: HashMap<Key, (Option<i64>, bool, bool)> = rows
-            .into_iter()
-            .map(|(s, t, i, last, parked, in_order)| ((s, t, i), (last, parked, in_order)))
-            .collect();
+        let mut fresh: HashSet<(String, i64)> = HashSet::with_capacity(rows.len());
+        let mut state: HashMap<Key, (Option<i64>, bool, bool)> = HashMap::new();
+        for (source, id, t, aggregate, last, parked, in_order) in rows {
+            fresh.insert((source.clone(), id));
+            state.insert((source, t, aggregate), (last, parked, in_order));
+        }
         let mut gates = Vec::with_capacity(events.len());
         let mut late_applied = Vec::new();
         for e in events {
+            if !fresh.remove(&(e.source.clone(), e.id)) {
+                gates.push(None);
+                continue;
+            }
             let (last, parked, in_order) = state.entry(key(e)).or_insert((None, false, true));
             let gate = if *parked {
                 Gate::Park(None)
@@ -144,7 +173,7 @@ impl<H: Handler> Consumer<H> {
                 late_applied.push(*e);
                 Gate::Apply
             };
-            gates.push(gate);
+            gates.push(Some(gate));
         }
         // The rare case: the statement advanced none of these.
         self.advance(tx, &late_applied).await?;

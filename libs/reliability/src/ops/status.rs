@@ -257,7 +257,12 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
         queue: estate.queue(consumer),
         ..ConsumerLine::default()
     };
-    let queues = broker::QueueSpec::for_subscription(sub, "", &estate.queue_prefix).queues();
+    let mut spec = broker::QueueSpec::for_subscription(sub, "", &estate.queue_prefix);
+    // Checked when the estate was opened.
+    if let Ok(Some(k)) = broker::partitions_override(&estate.ordered_partitions, sub) {
+        spec.partitions = k;
+    }
+    let queues = spec.queues();
     if let Some(pool) = estate.consumer_db(consumer) {
         let progress: std::result::Result<(Option<DateTime<Utc>>, Option<i64>), _> =
             sqlx::query_as(

@@ -38,6 +38,10 @@ struct Estate {
     /// Prefix of every consumer queue name, as the services are given it.
     #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
     queue_prefix: String,
+    /// Partitions of ordered subscriptions, as the services are given them
+    /// (`consumer=K,...`; default: the code's K).
+    #[arg(long, env = "ORDERED_PARTITIONS", default_value = "")]
+    ordered_partitions: String,
     /// RabbitMQ's management API, for unacked counts (optional).
     #[arg(
         long,
@@ -54,6 +58,9 @@ struct Estate {
 impl Estate {
     /// Opens what answers; what does not shows up as a problem.
     async fn open(self) -> anyhow::Result<ops::Estate> {
+        for sub in contracts::topology::ALL {
+            reliability::broker::partitions_override(&self.ordered_partitions, sub)?;
+        }
         let mut databases = Vec::new();
         for service in &self.services {
             let options = target::service_options(service)?;
@@ -75,6 +82,7 @@ impl Estate {
             broker,
             queue_prefix: self.queue_prefix,
             subscriptions: contracts::topology::ALL,
+            ordered_partitions: self.ordered_partitions,
             management_url: Some(self.management_url),
         })
     }

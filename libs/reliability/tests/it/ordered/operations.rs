@@ -128,6 +128,7 @@ async fn status_adds_up_the_partitions_and_names_the_parked_aggregates() {
         broker: Some(broker::connect(&amqp_url(), "status-test").await.unwrap()),
         queue_prefix: prefix,
         subscriptions: SUBSCRIPTIONS,
+        ordered_partitions: String::new(),
         management_url: None,
     };
     wait_until(LONG, "the message counted", || async {
