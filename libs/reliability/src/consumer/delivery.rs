@@ -40,7 +40,11 @@ impl<H: Handler> Consumer<H> {
                 self.release_loop(&stop).await;
             }
         };
-        let lanes = futures_util::future::try_join_all((0..lanes).map(|index| {
+        // Every lane runs to its own end, closing its channel: a lane
+        // future dropped half way (as a short-circuiting join would drop
+        // the others when one fails) would drop its lapin consumers, and
+        // so cancel them, before its connection closed (see `consume`).
+        let lanes = futures_util::future::join_all((0..lanes).map(|index| {
             let stop = stop.clone();
             async move {
                 let part = self.health_part(index);
@@ -70,14 +74,13 @@ impl<H: Handler> Consumer<H> {
             },
             release
         );
-        lanes.map(|_| ())
+        lanes.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
     }
 
     /// One lane on a connection of its own until `stop` or a failure.
     async fn run_lane(&self, stop: &CancellationToken, index: usize) -> Result<()> {
         let name = format!("{}-consumer-{index}", self.config.name);
         let conn = broker::connect(&self.amqp_url, &name).await?;
-        self.health.ready(&self.health_part(index));
         let result = self.consume(&conn, stop, Lane::new(index)).await;
         // Closing hands unacked deliveries back to the broker now rather than
         // at the heartbeat timeout; after a simulated crash too.
@@ -117,7 +120,36 @@ impl<H: Handler> Consumer<H> {
         // in it, and one channel numbers them all, so a multiple ack still
         // settles only what this lane finished.
         let mut deliveries = futures_util::stream::select_all(streams);
+        // Ready once consuming: on an ordered subscription, standing by.
+        self.health.ready(&self.health_part(lane.index));
         tracing::info!(consumer = %self.config.name, queue = %self.config.queue.queue, lane = lane.index, "consumer connected");
+        let result = self
+            .deliver(conn, &channel, &mut deliveries, shutdown, lane)
+            .await;
+        // The channel closes while its consumers still exist, and only then
+        // are they dropped. Dropping a lapin consumer first would cancel it
+        // (basic.cancel), and a quorum queue keeps a cancelled consumer's
+        // unacked deliveries checked out to it while it makes the next
+        // single active consumer active at once: that one would take a
+        // partition's later events before the earlier ones came back, out
+        // of order (docs/adr/0028). A closed channel hands every unacked
+        // delivery back in one step, ahead of anything the next consumer
+        // is given. On an error the channel may be gone already.
+        let _ = broker::bounded(channel.close(200, "consumer lane stopped".into())).await;
+        drop(deliveries);
+        result
+    }
+
+    /// The lane's loop: groups what is waiting, applies and settles it,
+    /// until `shutdown` or a failure.
+    async fn deliver(
+        &self,
+        conn: &lapin::Connection,
+        channel: &lapin::Channel,
+        deliveries: &mut futures_util::stream::SelectAll<lapin::Consumer>,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<()> {
         let mut gauges = tokio::time::interval(Duration::from_secs(2));
         loop {
             let delivery = tokio::select! {
@@ -130,12 +162,12 @@ impl<H: Handler> Consumer<H> {
                     }
                     if lane.index == 0 {
                         let dlq = broker::dead_letter_queue(&self.config.queue.queue);
-                        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
+                        if let Ok(depth) = broker::bounded(broker::queue_depth(channel, &dlq)).await {
                             metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
                         }
                         let mut ready = Some(0.0);
                         for queue in self.config.queue.queues() {
-                            ready = match broker::bounded(broker::queue_depth(&channel, &queue)).await {
+                            ready = match broker::bounded(broker::queue_depth(channel, &queue)).await {
                                 Ok(depth) => ready.map(|n| n + f64::from(depth)),
                                 Err(_) => None,
                             };

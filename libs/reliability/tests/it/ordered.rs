@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{Broker, Rng, tenant};
 
+mod handover;
 mod operations;
 mod parking;
 
@@ -26,10 +27,14 @@ const LONG: Duration = Duration::from_secs(90);
 
 /// Records every event it applies, in the order applied: one aggregate's
 /// applies take turns under its lock, so the serial is their order. Fails
-/// for good on the events named in `poison`.
+/// for good on the events named in `poison`, and for now (retried) on
+/// those in `stuck`.
 #[derive(Clone, Default)]
 struct Recording {
     poison: Arc<Mutex<HashSet<(String, i64)>>>,
+    stuck: Arc<Mutex<HashSet<(String, i64)>>>,
+    /// Which replica applied it, for the failure's account.
+    replica: i32,
 }
 
 impl Handler for Recording {
@@ -43,13 +48,22 @@ impl Handler for Recording {
         {
             return Err(HandlerError::Permanent("poison".into()));
         }
+        if self
+            .stuck
+            .lock()
+            .unwrap()
+            .contains(&(e.aggregate_id.clone(), seq))
+        {
+            return Err(HandlerError::Transient("stuck".into()));
+        }
         sqlx::query(
-            "INSERT INTO test_applied (tenant_id, aggregate_id, seq, message_id) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO test_applied (tenant_id, aggregate_id, seq, message_id, replica) VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(tx.tenant().get())
         .bind(&e.aggregate_id)
         .bind(seq)
         .bind(e.id)
+        .bind(self.replica)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -63,7 +77,9 @@ async fn create_applied_table(db: &TestDb) {
              tenant_id bigint NOT NULL,
              aggregate_id text NOT NULL,
              seq bigint NOT NULL,
-             message_id bigint NOT NULL UNIQUE);
+             message_id bigint NOT NULL UNIQUE,
+             replica int NOT NULL,
+             at timestamptz NOT NULL DEFAULT clock_timestamp());
          ALTER TABLE test_applied ENABLE ROW LEVEL SECURITY;
          ALTER TABLE test_applied FORCE ROW LEVEL SECURITY;
          CREATE POLICY tenant_isolation ON test_applied
@@ -220,7 +236,12 @@ async fn all_applied_in_outbox_order(db: &TestDb) {
     })
     .await;
     let parked = consumer::parked(&db.owner, None).await.unwrap();
-    assert!(parked.is_empty(), "nothing parked: {parked:?}");
+    if !parked.is_empty() {
+        for p in &parked {
+            eprintln!("{}", account(db, p.tenant_id, &p.aggregate_id).await);
+        }
+        panic!("nothing parked: {parked:?}");
+    }
     let (applied, written) = (applied(db).await, written(db).await);
     assert_eq!(
         applied.keys().collect::<Vec<_>>(),
@@ -232,6 +253,41 @@ async fn all_applied_in_outbox_order(db: &TestDb) {
             "{aggregate:?} applied in outbox order"
         );
     }
+}
+
+/// What happened to one aggregate: its outbox rows, its applies (which
+/// replica, when) and its parked events, for a failure's message.
+async fn account(db: &TestDb, tenant_id: i64, aggregate: &str) -> String {
+    let outbox: Vec<(i64, Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT id, aggregate_seq, to_char(processed_at, 'HH24:MI:SS.US') FROM outbox_messages
+         WHERE tenant_id = $1 AND aggregate_id = $2 ORDER BY aggregate_seq, id",
+    )
+    .bind(tenant_id)
+    .bind(aggregate)
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    let applied: Vec<(i64, i64, i64, i32, String)> = sqlx::query_as(
+        "SELECT n, seq, message_id, replica, to_char(at, 'HH24:MI:SS.US') FROM test_applied
+         WHERE tenant_id = $1 AND aggregate_id = $2 ORDER BY n",
+    )
+    .bind(tenant_id)
+    .bind(aggregate)
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    let parked: Vec<(i64, Option<i64>)> = sqlx::query_as(
+        "SELECT message_id, aggregate_seq FROM parked_events
+         WHERE tenant_id = $1 AND aggregate_id = $2 ORDER BY position",
+    )
+    .bind(tenant_id)
+    .bind(aggregate)
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    format!(
+        "{tenant_id}/{aggregate}\n  outbox (id, seq, published): {outbox:?}\n  applied (n, seq, id, replica, at): {applied:?}\n  parked (id, seq): {parked:?}"
+    )
 }
 
 /// Partitions of the ordered subscription: `ORDERED_TEST_PARTITIONS=0`
@@ -260,10 +316,14 @@ async fn three_relays_and_three_replicas_apply_each_aggregate_in_outbox_order() 
     let crash = consumer_config(&spec).fail_points;
     crash.arm(failpoint::CONSUMER_BEFORE_COMMIT, Action::Error);
     let mut replicas: Vec<_> = (0..3)
-        .map(|_| {
+        .map(|i| {
             let mut cfg = consumer_config(&spec);
             cfg.fail_points = crash.clone();
-            run_consumer(&db, cfg, Recording::default(), &stop)
+            let handler = Recording {
+                replica: i,
+                ..Recording::default()
+            };
+            run_consumer(&db, cfg, handler, &stop)
         })
         .collect();
 
@@ -298,12 +358,11 @@ async fn three_relays_and_three_replicas_apply_each_aggregate_in_outbox_order() 
         matches!(crash, Err(reliability::Error::FailPoint(_))),
         "{crash:?}"
     );
-    replicas.push(run_consumer(
-        &db,
-        consumer_config(&spec),
-        Recording::default(),
-        &stop,
-    ));
+    let handler = Recording {
+        replica: 3,
+        ..Recording::default()
+    };
+    replicas.push(run_consumer(&db, consumer_config(&spec), handler, &stop));
 
     all_applied_in_outbox_order(&db).await;
     let duplicates: u64 = replicas.iter().map(|(c, _)| c.stats().duplicates).sum();
