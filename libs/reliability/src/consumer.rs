@@ -40,6 +40,7 @@ mod delivery;
 mod offsets;
 mod ordered;
 mod park;
+mod settle;
 
 pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};

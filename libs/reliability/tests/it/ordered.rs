@@ -40,20 +40,11 @@ struct Recording {
 impl Handler for Recording {
     async fn handle(&self, tx: &mut TenantTx, e: &Envelope) -> Result<(), HandlerError> {
         let seq = e.aggregate_seq.unwrap_or(0);
-        if self
-            .poison
-            .lock()
-            .unwrap()
-            .contains(&(e.aggregate_id.clone(), seq))
-        {
+        let this = (e.aggregate_id.clone(), seq);
+        if self.poison.lock().unwrap().contains(&this) {
             return Err(HandlerError::Permanent("poison".into()));
         }
-        if self
-            .stuck
-            .lock()
-            .unwrap()
-            .contains(&(e.aggregate_id.clone(), seq))
-        {
+        if self.stuck.lock().unwrap().contains(&this) {
             return Err(HandlerError::Transient("stuck".into()));
         }
         sqlx::query(
