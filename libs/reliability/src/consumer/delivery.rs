@@ -9,7 +9,6 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::broker;
 use crate::failpoint;
@@ -17,7 +16,6 @@ use crate::outbox::Envelope;
 use crate::supervise::supervise;
 use crate::{Error, Result};
 
-use super::apply::apply_span;
 use super::{ApplyError, Consumer, Handler, Lane, Outcome};
 
 impl<H: Handler> Consumer<H> {
@@ -298,21 +296,6 @@ impl<H: Handler> Consumer<H> {
                 Ok(true)
             }
         }
-    }
-
-    async fn settle_traced(
-        &self,
-        delivery: Delivery,
-        event: Envelope,
-        shutdown: &CancellationToken,
-        lane: Lane,
-    ) -> Result<bool> {
-        let step = apply_span(&self.config, &delivery, &event);
-        let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
-                                       event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %step.context().trace_id());
-        step.run(self.settle(delivery, event, shutdown, lane))
-            .instrument(span)
-            .await
     }
 
     fn count_redelivered(&self, group: &[Delivery]) {

@@ -7,15 +7,33 @@ use std::time::Duration;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicRejectOptions};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::broker;
 use crate::failpoint;
 use crate::outbox::Envelope;
 use crate::{Error, Result};
 
+use super::apply::apply_span;
 use super::{ApplyError, Consumer, Handler, HandlerError, Lane};
 
 impl<H: Handler> Consumer<H> {
+    /// [`Self::settle`] inside the delivery's consume span and trace step.
+    pub(super) async fn settle_traced(
+        &self,
+        delivery: Delivery,
+        event: Envelope,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        let step = apply_span(&self.config, &delivery, &event);
+        let span = tracing::info_span!("consume", consumer = %self.config.name, message_id = %event.message_id(),
+                                       event_type = %event.event_type, tenant_id = event.tenant_id, trace_id = %step.context().trace_id());
+        step.run(self.settle(delivery, event, shutdown, lane))
+            .instrument(span)
+            .await
+    }
+
     /// Applies, retries and finally acks or dead-letters one parsed delivery.
     pub(super) async fn settle(
         &self,
