@@ -45,6 +45,11 @@ mod settle;
 pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};
 
+/// The ordered subscription's record-and-gate statement, for a test of
+/// its plan.
+#[cfg(feature = "testing")]
+pub const GATE_SQL: &str = ordered::GATE_SQL;
+
 /// Applies one event to a consumer's state inside the given transaction.
 ///
 /// The handler must do all its work through `tx` (state changes and outbox

@@ -30,6 +30,61 @@ fn key(e: &Envelope) -> Key {
     )
 }
 
+/// The record-and-gate statement of [`Consumer::record_gated`]: `$1`
+/// tenant, `$2` consumer, `$3` sources, `$4` ids, `$5` stripe, `$6`
+/// aggregate types, `$7` aggregate ids, `$8` sequence numbers.
+pub(super) const GATE_SQL: &str = concat!(
+    "WITH seen AS (
+             SELECT * FROM unnest($3::text[], $4::bigint[], $6::text[], $7::text[], $8::bigint[])
+                 WITH ORDINALITY AS s (source, message_id, aggregate_type, aggregate_id, seq, pos)
+         ), fresh AS (
+             INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+             SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
+             ORDER BY source, message_id
+             ON CONFLICT DO NOTHING
+             RETURNING source, message_id
+         ), ",
+    super::apply::offsets_ctes!(),
+    ", ev AS (
+             SELECT DISTINCT ON (s.source, s.message_id) s.*
+             FROM seen s JOIN fresh f USING (source, message_id)
+             ORDER BY s.source, s.message_id, s.pos
+         ), state AS (
+             -- A look-up per aggregate on the whole key, never a join:
+             -- on tables not analyzed yet (a new deployment) the
+             -- planner joined by a scan of all the tenant's positions,
+             -- a cost growing with its aggregates (docs/adr/0028).
+             SELECT k.*,
+                    (SELECT p.last_seq FROM aggregate_positions p
+                     WHERE p.tenant_id = $1 AND p.consumer = $2 AND p.source = k.source
+                       AND p.aggregate_type = k.aggregate_type
+                       AND p.aggregate_id = k.aggregate_id) AS last_seq,
+                    EXISTS (SELECT FROM parked_aggregates a
+                            WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
+                              AND a.aggregate_type = k.aggregate_type
+                              AND a.aggregate_id = k.aggregate_id) AS parked
+             FROM (SELECT DISTINCT source, aggregate_type, aggregate_id FROM ev) k
+         ), checked AS (
+             SELECT s.source, s.aggregate_type, s.aggregate_id, s.last_seq, s.parked,
+                    bool_and(e.seq IS NULL OR e.seq > COALESCE(GREATEST(s.last_seq, e.before), 0)) AS in_order,
+                    max(e.seq) AS top
+             FROM state s
+             JOIN (SELECT ev.*, max(seq) OVER (PARTITION BY source, aggregate_type, aggregate_id ORDER BY pos
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+                   FROM ev) e USING (source, aggregate_type, aggregate_id)
+             GROUP BY 1, 2, 3, 4, 5
+         ), advanced AS (
+             INSERT INTO aggregate_positions (tenant_id, consumer, source, aggregate_type, aggregate_id, last_seq)
+             SELECT $1, $2, source, aggregate_type, aggregate_id, top FROM checked
+             WHERE NOT parked AND in_order AND top IS NOT NULL
+             ORDER BY source, aggregate_type, aggregate_id
+             ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
+             SET last_seq = GREATEST(aggregate_positions.last_seq, EXCLUDED.last_seq), updated_at = now()
+         )
+         SELECT e.source, e.message_id, c.aggregate_type, c.aggregate_id, c.last_seq, c.parked, c.in_order
+         FROM ev e JOIN checked c USING (source, aggregate_type, aggregate_id)"
+);
+
 impl<H: Handler> Consumer<H> {
     pub(super) fn is_ordered(&self) -> bool {
         self.config.queue.is_ordered()
@@ -84,61 +139,17 @@ impl<H: Handler> Consumer<H> {
         let aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
         let seqs: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_seq).collect();
         type Row = (String, i64, String, String, Option<i64>, bool, bool);
-        let rows: Vec<Row> = sqlx::query_as(concat!(
-            "WITH seen AS (
-                 SELECT * FROM unnest($3::text[], $4::bigint[], $6::text[], $7::text[], $8::bigint[])
-                     WITH ORDINALITY AS s (source, message_id, aggregate_type, aggregate_id, seq, pos)
-             ), fresh AS (
-                 INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
-                 SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
-                 ORDER BY source, message_id
-                 ON CONFLICT DO NOTHING
-                 RETURNING source, message_id
-             ), ",
-            super::apply::offsets_ctes!(),
-            ", ev AS (
-                 SELECT DISTINCT ON (s.source, s.message_id) s.*
-                 FROM seen s JOIN fresh f USING (source, message_id)
-                 ORDER BY s.source, s.message_id, s.pos
-             ), state AS (
-                 SELECT k.*, p.last_seq, a.tenant_id IS NOT NULL AS parked
-                 FROM (SELECT DISTINCT source, aggregate_type, aggregate_id FROM ev) k
-                 LEFT JOIN aggregate_positions p
-                        ON (p.tenant_id, p.consumer, p.source, p.aggregate_type, p.aggregate_id)
-                         = ($1, $2, k.source, k.aggregate_type, k.aggregate_id)
-                 LEFT JOIN parked_aggregates a
-                        ON (a.tenant_id, a.consumer, a.source, a.aggregate_type, a.aggregate_id)
-                         = ($1, $2, k.source, k.aggregate_type, k.aggregate_id)
-             ), checked AS (
-                 SELECT s.source, s.aggregate_type, s.aggregate_id, s.last_seq, s.parked,
-                        bool_and(e.seq IS NULL OR e.seq > COALESCE(GREATEST(s.last_seq, e.before), 0)) AS in_order,
-                        max(e.seq) AS top
-                 FROM state s
-                 JOIN (SELECT ev.*, max(seq) OVER (PARTITION BY source, aggregate_type, aggregate_id ORDER BY pos
-                                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-                       FROM ev) e USING (source, aggregate_type, aggregate_id)
-                 GROUP BY 1, 2, 3, 4, 5
-             ), advanced AS (
-                 INSERT INTO aggregate_positions (tenant_id, consumer, source, aggregate_type, aggregate_id, last_seq)
-                 SELECT $1, $2, source, aggregate_type, aggregate_id, top FROM checked
-                 WHERE NOT parked AND in_order AND top IS NOT NULL
-                 ORDER BY source, aggregate_type, aggregate_id
-                 ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
-                 SET last_seq = GREATEST(aggregate_positions.last_seq, EXCLUDED.last_seq), updated_at = now()
-             )
-             SELECT e.source, e.message_id, c.aggregate_type, c.aggregate_id, c.last_seq, c.parked, c.in_order
-             FROM ev e JOIN checked c USING (source, aggregate_type, aggregate_id)"
-        ))
-        .bind(tx.tenant().get())
-        .bind(&self.config.name)
-        .bind(&sources)
-        .bind(&ids)
-        .bind(lane.stripe)
-        .bind(&types)
-        .bind(&aggregates)
-        .bind(&seqs)
-        .fetch_all(&mut **tx)
-        .await?;
+        let rows: Vec<Row> = sqlx::query_as(GATE_SQL)
+            .bind(tx.tenant().get())
+            .bind(&self.config.name)
+            .bind(&sources)
+            .bind(&ids)
+            .bind(lane.stripe)
+            .bind(&types)
+            .bind(&aggregates)
+            .bind(&seqs)
+            .fetch_all(&mut **tx)
+            .await?;
         let mut fresh: HashSet<(String, i64)> = HashSet::with_capacity(rows.len());
         let mut state: HashMap<Key, (Option<i64>, bool, bool)> = HashMap::new();
         for (source, id, t, aggregate, last, parked, in_order) in rows {

@@ -22,6 +22,7 @@ use crate::support::{Broker, Rng, tenant};
 mod handover;
 mod operations;
 mod parking;
+mod plan;
 
 const LONG: Duration = Duration::from_secs(90);
 
