@@ -45,8 +45,9 @@ for p in provider["providers"]:
         errors.append(f"grafana: dashboards path {p['options']['path']} is not mounted")
 for entry in native:
     name, port = entry.split(":")
-    if name != "psp-sim" and f"{name}:{port}" not in targets:
-        errors.append(f"prometheus does not scrape {name}:{port}")
+    ops = int(port) + 3000  # the ops port: no API port serves /metrics
+    if name != "psp-sim" and f"{name}:{ops}" not in targets:
+        errors.append(f"prometheus does not scrape {name}'s ops port ({name}:{ops})")
 # Every process that serves HTTP binds all interfaces, or nothing outside
 # its container reaches it (psp-sim once bound 127.0.0.1 whatever it was told).
 app_services = [e.split(":")[0] for e in native]
@@ -54,6 +55,8 @@ for name in app_services:
     env = services.get(name, {}).get("environment", {}) or {}
     if env.get("BIND_ADDRESS") != "0.0.0.0":
         errors.append(f"{name}: BIND_ADDRESS is {env.get('BIND_ADDRESS')!r}, not 0.0.0.0")
+    if name != "psp-sim" and env.get("OPS_BIND_ADDRESS") != "0.0.0.0":
+        errors.append(f"{name}: OPS_BIND_ADDRESS is {env.get('OPS_BIND_ADDRESS')!r}: Prometheus cannot scrape it")
 # Every URL between services names a compose service, never localhost.
 for name, svc in services.items():
     for key, value in (svc.get("environment") or {}).items():

@@ -62,7 +62,7 @@ text = text.replace("  prometheus:", block, 1)
 text = text.replace('"orders", "inventory", "payments", "projection"', f'"orders", "inventory", "payments", "projection", "{name}"', 1)
 compose.write_text(text)
 prom = pathlib.Path("compose/prometheus/prometheus.yml")
-prom.write_text(prom.read_text().replace('"projection:8084"', f'"projection:8084", "{name}:{port}"', 1))
+prom.write_text(prom.read_text().replace('"projection:11084"', f'"projection:11084", "{name}:{int(port) + 3000}"', 1))
 PY
 # The new workspace member enters Cargo.lock (no dependency changes).
 cargo update --workspace --quiet

@@ -123,7 +123,7 @@ The stack is up.
   payments    http://127.0.0.1:8083   (GET /payments?order_id=, POST /refunds)
   projection  http://127.0.0.1:8084   (GET /orders/{id}, GET /history/{order|product}/{id})
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
-  metrics     http://127.0.0.1:808{1,2,3,4}/metrics
+  metrics     http://127.0.0.1:1108{1,2,3,4}/metrics   (ops ports, loopback only: OPS_BIND_ADDRESS)
   operator    $(bin reliability) status   (what is stuck, per service and queue)
   traces      ${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}
   logs        make logs   ($RUN/logs/)

@@ -16,10 +16,10 @@ pub struct Proc {
     pub name: String,
     bin: PathBuf,
     args: Vec<String>,
-    /// Port of its `/readyz`, for the roles that serve HTTP.
+    /// Its API port, for the roles that serve HTTP.
     pub http: Option<u16>,
-    /// Port of `/healthz`, `/readyz` and `/metrics` of a role that serves
-    /// no HTTP API (relay, consume): its `OPS_PORT`.
+    /// Port of `/healthz`, `/readyz` and `/metrics`: its `OPS_PORT`. No
+    /// API port serves `/metrics`.
     pub ops: Option<u16>,
     child: Option<Child>,
     /// Times it was started (restarts included).
@@ -37,12 +37,12 @@ pub struct Cluster {
     pub procs: BTreeMap<String, Proc>,
     env: Vec<(String, String)>,
     logs: PathBuf,
-    /// The ops port the next process without an HTTP port gets.
+    /// The ops port the next process gets.
     next_ops: u16,
 }
 
 impl Cluster {
-    /// Processes without an HTTP port get ops ports from `ops_base` up.
+    /// Processes get ops ports from `ops_base` up.
     pub fn new(env: Vec<(String, String)>, logs: PathBuf, ops_base: u16) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&logs)?;
         Ok(Self {
@@ -53,13 +53,11 @@ impl Cluster {
         })
     }
 
-    /// Registers `name` = `bin args…` (not started). Without `http`, it
-    /// gets an ops port of its own.
+    /// Registers `name` = `bin args…` (not started), with an ops port of
+    /// its own.
     pub fn add(&mut self, name: &str, bin: PathBuf, args: &[&str], http: Option<u16>) {
-        let ops = http.is_none().then(|| {
-            self.next_ops += 1;
-            self.next_ops
-        });
+        self.next_ops += 1;
+        let ops = Some(self.next_ops);
         let p = Proc {
             name: name.to_owned(),
             bin,
@@ -193,8 +191,15 @@ impl Cluster {
         }
     }
 
-    /// Where `name`'s `/metrics` answers (its HTTP or its ops port).
+    /// Where `name`'s `/metrics` answers: its ops port.
     pub fn metrics_port(&self, name: &str) -> Option<u16> {
+        self.procs.get(name).and_then(|p| p.ops)
+    }
+
+    /// Where `name`'s `/readyz` answers: its API port if it serves (a
+    /// build from before the ops port had only that one), else its ops
+    /// port.
+    fn ready_port(&self, name: &str) -> Option<u16> {
         self.procs.get(name).and_then(|p| p.http.or(p.ops))
     }
 
@@ -225,7 +230,7 @@ impl Cluster {
         let http = reqwest::Client::new();
         for name in names {
             let port = self
-                .metrics_port(name)
+                .ready_port(name)
                 .with_context(|| format!("{name} has no ops port"))?;
             wait_until(
                 Duration::from_secs(60),

@@ -89,10 +89,19 @@ impl FromRef<ApiState> for PgPool {
 
 /// Binds the HTTP listener (port 0 picks a free port: tests).
 pub async fn bind(common: &CommonSettings, port: u16) -> Result<TcpListener> {
-    TcpListener::bind((common.bind_address.as_str(), port))
+    bind_at(&common.bind_address, port).await
+}
+
+/// The ops port's listener, on `OPS_BIND_ADDRESS` (loopback by default).
+pub async fn bind_ops(common: &CommonSettings, port: u16) -> Result<TcpListener> {
+    bind_at(&common.ops_bind_address, port).await
+}
+
+async fn bind_at(address: &str, port: u16) -> Result<TcpListener> {
+    TcpListener::bind((address, port))
         .await
         .map_err(|source| Error::Bind {
-            address: format!("{}:{port}", common.bind_address),
+            address: format!("{address}:{port}"),
             source,
         })
 }
@@ -198,28 +207,49 @@ pub struct Readiness {
     pub health: Health,
 }
 
-/// `/healthz`, `/readyz` and `/metrics`: what every process role serves.
+/// The ops port's routes, what every process role serves there:
+/// `/healthz`, `/readyz` with its detail, and `/metrics`. Never on an API
+/// port: the metrics name tenants and count their traffic (ADR 0017's
+/// opaque ids hide exactly that).
 pub fn ops_routes(ready: Readiness, metrics: PrometheusHandle) -> Router {
     Router::new()
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-        )
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(ready)
         .merge(crate::metrics::router(metrics))
 }
 
-/// The service's routes wrapped in the contract's HTTP stack, plus
-/// `/healthz`, `/readyz` and `/metrics`.
-pub fn http_app(
-    service: &'static str,
-    routes: Router,
-    ready: Readiness,
-    metrics: PrometheusHandle,
-) -> Router {
+/// What an API port answers for probes: `/healthz`, and `/readyz` as a
+/// status alone (200 or 503), which a load balancer needs and nobody
+/// learns anything else from.
+fn probe_routes(ready: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/readyz",
+            get(|state: State<Readiness>| async move {
+                let (status, _) = readiness(state).await;
+                let word = if status.is_success() {
+                    "ready"
+                } else {
+                    "unavailable"
+                };
+                (status, axum::Json(serde_json::json!({ "status": word })))
+            }),
+        )
+        .with_state(ready)
+}
+
+async fn healthz() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// The service's routes wrapped in the contract's HTTP stack, plus the
+/// probes (`/healthz`, a bare `/readyz`); the rest is on the ops port
+/// ([`ops_routes`]).
+pub fn http_app(service: &'static str, routes: Router, ready: Readiness) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
-    let ops = ops_routes(ready, metrics);
+    let ops = probe_routes(ready);
     routes
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -242,7 +272,14 @@ pub fn http_app(
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
 }
 
-async fn readyz(State(r): State<Readiness>) -> Response {
+async fn readyz(state: State<Readiness>) -> Response {
+    let (status, detail) = readiness(state).await;
+    (status, axum::Json(detail)).into_response()
+}
+
+/// 200 when the database, the broker and every part are up; the detail
+/// says which are.
+async fn readiness(State(r): State<Readiness>) -> (StatusCode, serde_json::Value) {
     let db = tokio::time::timeout(
         Duration::from_secs(2),
         sqlx::query("SELECT 1").execute(&r.pool),
@@ -258,9 +295,8 @@ async fn readyz(State(r): State<Readiness>) -> Response {
     };
     (
         status,
-        axum::Json(serde_json::json!({"database": db_ok, "broker": broker_ok, "parts": parts})),
+        serde_json::json!({"database": db_ok, "broker": broker_ok, "parts": parts}),
     )
-        .into_response()
 }
 
 /// A TCP connect to the broker's host and port: cheap enough for every probe.

@@ -19,8 +19,8 @@ use crate::trace;
 use crate::{Error, Result, db};
 
 use super::{
-    ApiState, CommonSettings, Databases, Readiness, Role, ShutdownToken, bind, document, http_app,
-    ops_routes, serve_with,
+    ApiState, CommonSettings, Databases, Readiness, Role, ShutdownToken, bind, bind_ops, document,
+    http_app, ops_routes, serve_with,
 };
 
 /// Runs migrations, retrying while the database is not reachable yet.
@@ -166,8 +166,8 @@ impl Application {
         self.port
     }
 
-    /// Where `/healthz`, `/readyz` and `/metrics` answer: the HTTP port when
-    /// the role serves, else the ops port.
+    /// Where `/healthz`, `/readyz` (with its detail) and `/metrics` answer,
+    /// on `OPS_BIND_ADDRESS`.
     pub fn ops_port(&self) -> u16 {
         self.ops_port
     }
@@ -209,11 +209,10 @@ pub async fn launch(
         amqp_url: common.amqp_url.clone(),
         health: tasks.health(),
     };
-    let (mut port, mut ops_port) = (0, 0);
+    let mut port = 0;
     if let Some(jwt) = jwt {
         let listener = bind(common, spec.port).await?;
         port = local_port(&listener)?;
-        ops_port = port;
         let state = ApiState::new(dbs.app.clone(), jwt)
             .with_rate_limit(common.rate_limit())
             .with_admission(common.admission()?);
@@ -224,28 +223,40 @@ pub async fn launch(
             "/openapi.json",
             get(move || std::future::ready(axum::Json(api.as_ref().clone()))),
         );
-        let app = http_app(spec.name, routes, ready, metrics);
+        let app = http_app(spec.name, routes, ready.clone());
         tasks.spawn(
             "http",
             serve_with(listener, app, shutdown.clone(), common.server_limits()),
         );
         tracing::info!(service = spec.name, port, "listening");
-    } else if spec.role.relays() || spec.role.consumes() {
-        // Every role is observable: a relay-only or consumer-only process
-        // serves the ops routes on a port of its own.
-        let offset = if spec.role.relays() { 1000 } else { 2000 };
+    }
+    let mut ops_port = 0;
+    if spec.role.serves() || spec.role.relays() || spec.role.consumes() {
+        // Every role is observable, on a port of its own that no API shares:
+        // the metrics name tenants and count their traffic.
+        let offset = if spec.role.serves() {
+            3000
+        } else if spec.role.relays() {
+            1000
+        } else {
+            2000
+        };
         let wanted = common.ops_port.unwrap_or(match spec.port {
             0 => 0,
             p => p.saturating_add(offset),
         });
-        let listener = bind(common, wanted).await?;
+        let listener = bind_ops(common, wanted).await?;
         ops_port = local_port(&listener)?;
-        let app = ops_routes(ready, metrics);
         tasks.spawn(
             "ops http",
-            serve_with(listener, app, shutdown.clone(), common.server_limits()),
+            serve_with(
+                listener,
+                ops_routes(ready, metrics),
+                shutdown.clone(),
+                common.server_limits(),
+            ),
         );
-        tracing::info!(service = spec.name, role = ?spec.role, ops_port, "health and metrics at /healthz /readyz /metrics");
+        tracing::info!(service = spec.name, role = ?spec.role, address = %common.ops_bind_address, ops_port, "health and metrics at /healthz /readyz /metrics");
     }
     if spec.role.relays() {
         tasks.spawn_relay(&dbs, common, spec.name, spec.subscriptions)?;

@@ -122,10 +122,10 @@ pub struct CommonSettings {
     /// maintenance.
     #[arg(long, env = "DB_OWNER_POOL_SIZE", default_value_t = 2)]
     pub db_owner_pool_size: u32,
-    /// Port of `/healthz`, `/readyz` and `/metrics` for a process that
-    /// serves no HTTP API (roles `relay` and `consume`); default: the
-    /// service's port + 1000 (relay) or + 2000 (consume). Roles that serve
-    /// answer them on the service's port.
+    /// Port of `/healthz`, `/readyz` (with its detail) and `/metrics`, on
+    /// `OPS_BIND_ADDRESS`; default: the service's port plus 3000 for a
+    /// role that serves (its API port answers only `/healthz` and a bare
+    /// `/readyz`), 1000 for relay, 2000 for consume.
     #[arg(long, env = "OPS_PORT")]
     pub ops_port: Option<u16>,
     /// Writes (idempotent POSTs) per second each tenant may make to this
@@ -161,6 +161,12 @@ pub struct CommonSettings {
     /// Address the HTTP server binds (0.0.0.0 in containers).
     #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
     pub bind_address: String,
+    /// Address the ops port binds (`/metrics`, `/readyz` with its detail):
+    /// loopback, so that only this host's scraper reads what the metrics
+    /// say of tenants; 0.0.0.0 where a scraper in another container or
+    /// host must reach it, behind that network's own walls.
+    #[arg(long, env = "OPS_BIND_ADDRESS", default_value = "127.0.0.1")]
+    pub ops_bind_address: String,
     /// An OpenTelemetry collector's OTLP/HTTP base URL (e.g.
     /// `http://127.0.0.1:4318`): spans go there as JSON when the service is
     /// built with the `otel` feature. Unset: nothing is exported.
@@ -208,6 +214,7 @@ impl CommonSettings {
             http_request_timeout_secs: 30,
             openapi: false,
             bind_address: "127.0.0.1".into(),
+            ops_bind_address: "127.0.0.1".into(),
             otlp_endpoint: None,
         }
     }

@@ -229,24 +229,41 @@ async fn fifty_concurrent_identical_posts_create_one_order() {
 }
 
 #[tokio::test]
-async fn health_readiness_and_metrics_need_no_token() {
+async fn the_api_port_answers_probes_and_the_ops_port_the_metrics() {
     let app = TestApp::spawn().await;
+    let get = |url: String| {
+        let http = app.api.http.clone();
+        async move {
+            let resp = http.get(url).send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
     for (path, status) in [
         ("/healthz", 200),
         ("/readyz", 200),
-        ("/metrics", 200),
+        ("/metrics", 404),
         ("/openapi.json", 200),
         ("/nope", 404),
     ] {
-        let resp = app
-            .api
-            .http
-            .get(format!("{}{path}", app.api.url))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status().as_u16(), status, "{path}");
+        assert_eq!(
+            get(format!("{}{path}", app.api.url)).await.0,
+            status,
+            "{path}"
+        );
     }
+    // A bare status on the API port; the detail on the ops port.
+    let (_, bare) = get(format!("{}/readyz", app.api.url)).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&bare).unwrap(),
+        json!({"status": "ready"})
+    );
+    let (status, detail) = get(format!("{}/readyz", app.ops)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&detail).unwrap()["database"],
+        true
+    );
+    assert_eq!(get(format!("{}/metrics", app.ops)).await.0, 200);
     // The document is built from the same macro that registers the routes.
     let doc: Value = app
         .api

@@ -15,6 +15,8 @@ use serde_json::Value;
 /// The orders service on a free port with a database of its own.
 pub struct TestApp {
     pub api: ApiClient,
+    /// The ops port's base URL: `/metrics`, `/readyz` with its detail.
+    pub ops: String,
     pub db: TestDb,
     stop: ShutdownToken,
 }
@@ -40,17 +42,18 @@ impl TestApp {
             .await
             .unwrap();
         let api = ApiClient::new(app.port(), jwt);
+        let ops = format!("http://127.0.0.1:{}", app.ops_port());
         tokio::spawn(app.run_until_stopped());
-        Self { api, db, stop }
+        Self { api, ops, db, stop }
     }
 
     pub async fn place(&self, tenant: i64, key: &str, body: &str) -> Answer {
         self.api.post(tenant, "/orders", key, body).await
     }
 
-    /// The process's `/metrics` text.
+    /// The process's `/metrics` text, from its ops port.
     pub async fn metrics(&self) -> String {
-        let url = format!("{}/metrics", self.api.url);
+        let url = format!("{}/metrics", self.ops);
         let resp = self.api.http.get(url).send().await.unwrap();
         resp.text().await.unwrap()
     }

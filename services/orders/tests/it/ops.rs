@@ -1,6 +1,7 @@
-//! Every process role is observable: a relay-only or consumer-only process
-//! serves `/healthz`, `/readyz` and `/metrics` on a port of its own, and
-//! `/readyz` says why a part is not doing its job.
+//! Every process role is observable: each serves `/healthz`, `/readyz` and
+//! `/metrics` on an ops port of its own, on loopback unless told otherwise,
+//! and `/readyz` says why a part is not doing its job. An API port tells an
+//! anonymous caller nothing about tenants.
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -142,6 +143,75 @@ async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
     let _ = conn.close(200, "done".into()).await;
     delete_broker_objects(&queues(&common), &common.exchange).await;
     db.cleanup().await;
+}
+
+/// The API open to the world (`BIND_ADDRESS=0.0.0.0`), the ops port left
+/// at its default. Tenant 2's orders must not show to a caller without a
+/// token: no series on any path of the API port, and the ops port (whose
+/// metrics count them) unreachable from outside this host.
+#[tokio::test]
+async fn an_anonymous_caller_of_the_api_port_learns_nothing_of_a_tenants_volume() {
+    let app = crate::TestApp::spawn_with(|c| {
+        c.bind_address = "0.0.0.0".into();
+        c.auth.jwt_secret = Some("a-secret-of-this-test-only-32-bytes-or-more".into());
+    })
+    .await;
+    for i in 0..5 {
+        let (status, _, _) = app.place(2, &format!("k{i}"), crate::ORDER).await;
+        assert_eq!(status, 201);
+    }
+    assert!(app.metrics().await.contains("http_requests_total"));
+    let port = app
+        .api
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse::<u16>()
+        .unwrap();
+    for path in [
+        "/metrics",
+        "/metrics/per-object",
+        "/readyz",
+        "/healthz",
+        "/orders",
+        "/stats",
+    ] {
+        let (_, body) = get(port, path).await;
+        for word in [
+            "# TYPE",
+            "http_requests",
+            "tenant",
+            "outbox",
+            "_total",
+            "parts",
+        ] {
+            assert!(!body.contains(word), "{path} says {word}: {body}");
+        }
+    }
+    // (`/openapi.json` is the contract, the same for everyone.)
+    // From another address of this host, as a caller elsewhere would come.
+    let ops: u16 = app.ops.rsplit(':').next().unwrap().parse().unwrap();
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    if let Some(here) = probe
+        .connect("192.0.2.1:9")
+        .ok()
+        .and_then(|()| probe.local_addr().ok())
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+    {
+        assert!(
+            std::net::TcpStream::connect((here, port)).is_ok(),
+            "the API at {here}"
+        );
+        assert!(
+            std::net::TcpStream::connect((here, ops)).is_err(),
+            "the ops port answers at {here}"
+        );
+    } else {
+        eprintln!("no address but loopback here: the reach check is skipped");
+    }
+    app.stop().await;
 }
 
 #[test]
