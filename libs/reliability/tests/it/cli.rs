@@ -172,3 +172,20 @@ async fn park_lists_a_parked_aggregate_skips_after_a_dry_run_and_asks_for_an_unp
     assert!(requested, "the consumer is asked to replay it");
     db.cleanup().await;
 }
+
+/// For cron and probes: `status --check` fails when something needs an
+/// operator (here: a service database that does not answer), after showing
+/// it as plain `status` does (which exits 0 whatever it lists).
+#[test]
+fn status_check_exits_non_zero_on_a_problem() {
+    let out = Command::new(env!("CARGO_BIN_EXE_reliability"))
+        .args(["status", "--services", "orders", "--check"])
+        .env("ORDERS_DATABASE_URL", "postgres://127.0.0.1:1/orders")
+        .env("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("orders: database unreachable"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(" problem(s)"));
+}

@@ -74,6 +74,10 @@ enum Command {
         /// Tenants with a bound of their own: `tenant=bound,...`.
         #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
         admission_tenant_max_in_flight: String,
+        /// Exit 1 when anything needs an operator (the problems listed),
+        /// for cron and probes; without it, status always exits 0.
+        #[arg(long)]
+        check: bool,
     },
     /// Where something is in the system, and where it is stuck.
     Explain {
@@ -270,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
             estate,
             admission_max_in_flight,
             admission_tenant_max_in_flight,
+            check,
         } => {
             let limits = reliability::admission::AdmissionLimits::parse(
                 admission_max_in_flight,
@@ -280,6 +285,10 @@ async fn main() -> anyhow::Result<()> {
             let mut status = ops::status::status(&estate).await;
             ops::status::admission(&estate, WORK_IN_FLIGHT, &limits, &mut status).await;
             render::status(json, &status)?;
+            if check && !status.problems.is_empty() {
+                eprintln!("{} problem(s)", status.problems.len());
+                std::process::exit(1);
+            }
         }
         Command::Explain {
             what:
