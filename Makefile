@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
+.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -82,6 +82,11 @@ fuzz-api: ## schemathesis (every check) against the running stack's OpenAPI docu
 check-compose: ## validate the compose stack (docker compose config where available)
 	@if docker compose version >/dev/null 2>&1; then docker compose -f compose/docker-compose.yml config --quiet && echo "docker compose config: ok"; fi
 	python3 compose/check.py
+
+alerts-test: ## unit-test the alert rules: each fires on its case and not on its look-alike (promtool; Debian: apt-get install --no-install-recommends prometheus)
+	@command -v promtool >/dev/null || { echo "promtool is missing: apt-get install --no-install-recommends prometheus" >&2; exit 1; }
+	promtool check rules compose/prometheus/alerts.yml
+	promtool test rules compose/prometheus/alerts_test.yml
 
 new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085] [ORDERED=4 (partitions: its consumer ordered per aggregate, ADR 0028)]
 	scripts/new-service.sh "$(NAME)" $(PORT) $(if $(ORDERED),--ordered $(ORDERED))

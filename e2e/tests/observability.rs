@@ -6,10 +6,13 @@ use std::path::Path;
 
 use reliability::metrics::{CATALOGUE, Kind, Metric};
 
-/// RabbitMQ's own (scraped from its `/metrics/per-object` in compose).
+/// Series that are not ours: RabbitMQ's own (scraped from its
+/// `/metrics/per-object` in compose) and Prometheus's `up` per target.
 const BROKER: &[&str] = &[
     "rabbitmq_queue_messages_ready",
     "rabbitmq_queue_messages_unacked",
+    "rabbitmq_queue_consumers",
+    "up",
 ];
 
 /// PromQL words that are not metric names.
