@@ -66,6 +66,28 @@ for name, svc in services.items():
     # Healthchecks on every long-running service others wait on.
     if name in app_services and name != "psp-sim" and "healthcheck" not in svc:
         errors.append(f"{name}: no healthcheck")
+# Every container that runs our binaries is given every URL it needs, and
+# waits for each server it reaches: `setup` once ran without AMQP_URL (it
+# declares the broker topology) and without waiting for RabbitMQ, so it
+# failed, and every service waited on it forever.
+ours = {n: s for n, s in services.items() if s.get("image") == "commerce-services:dev"}
+for name, svc in ours.items():
+    command = " ".join(map(str, svc.get("command", [])))
+    if command.startswith("psp-sim"):
+        continue  # the provider simulator reaches no server
+    env = svc.get("environment") or {}
+    if "AMQP_URL" not in env:
+        errors.append(f"{name}: runs {command.split()[0]} without AMQP_URL")
+    reached = set()
+    for value in list(env.values()) + list(svc.get("command", [])):
+        reached.update(re.findall(r"^[a-z+]+://(?:[^@/]*@)?([^:/]+)", str(value)))
+    deps = svc.get("depends_on") or {}
+    for host in sorted(reached & {"postgres", "rabbitmq"}):
+        waits = (isinstance(deps, dict) and deps.get(host, {}).get("condition") == "service_healthy") or (
+            isinstance(deps, dict) and deps.get("setup", {}).get("condition") == "service_completed_successfully"
+            and name != "setup")
+        if not waits:
+            errors.append(f"{name}: reaches {host} but does not wait for it to be healthy")
 # Published host ports are unique.
 published = {}
 for name, svc in services.items():
