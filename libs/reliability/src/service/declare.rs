@@ -66,7 +66,7 @@ impl<X: Args> Settings<X> {
         let prefix = service.name.to_uppercase().replace('-', "_");
         // Once per process: clap keeps names and defaults as `&'static str`.
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-        let command = super::hide_env_values(Self::command())
+        let command = Self::command()
             .name(service.name)
             .about(service.about)
             .mut_arg("port", |a| {
@@ -79,6 +79,8 @@ impl<X: Args> Settings<X> {
                     .env(leak(format!("{prefix}_DATABASE_URL")))
                     .default_value(leak(format!("postgres://127.0.0.1:5432/{}", service.name)))
             });
+        // Last: the service's own variable names are known by now.
+        let command = super::env_conventions(command);
         Self::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
     }
 }

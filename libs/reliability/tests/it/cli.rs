@@ -189,3 +189,42 @@ fn status_check_exits_non_zero_on_a_problem() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("orders: database unreachable"));
     assert!(String::from_utf8_lossy(&out.stderr).contains(" problem(s)"));
 }
+
+/// Docker's and Kubernetes' secrets are files: every variable `X` may be
+/// given as `X_FILE` instead. Its value is used (here: the token verifies
+/// with the secret in the file), the file's path and contents never show in
+/// `--help`, and both set, or a file that cannot be read, is refused.
+#[tokio::test]
+async fn a_variable_may_come_from_the_file_its_file_twin_names() {
+    let secret = "a-secret-kept-in-a-file-0123456789abcdef";
+    let file = std::env::temp_dir().join(format!("jwt-{}", std::process::id()));
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let run = |args: &[&str], both: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_reliability"));
+        cmd.args(args)
+            .env_remove("JWT_SECRET")
+            .env("JWT_SECRET_FILE", &file)
+            .stdin(Stdio::null());
+        if both {
+            cmd.env("JWT_SECRET", "another");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(&["token", "--tenant", "3"], false);
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8(out.stdout).unwrap();
+    let keys = reliability::auth::JwtKeys::from_secret(secret.as_bytes());
+    assert_eq!(keys.verify(token.trim()).await.unwrap().get(), 3);
+
+    let help = run(&["token", "--help"], false);
+    assert!(!String::from_utf8_lossy(&help.stdout).contains(secret));
+
+    let both = run(&["token", "--tenant", "3"], true);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("both set"));
+
+    std::fs::remove_file(&file).unwrap();
+    let gone = run(&["token", "--tenant", "3"], false);
+    assert_eq!(gone.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("JWT_SECRET_FILE="));
+}

@@ -218,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let matches = reliability::service::hide_env_values(Cli::command()).get_matches();
+    let matches = reliability::service::env_conventions(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let json = cli.json;
     match cli.command {
