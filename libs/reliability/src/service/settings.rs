@@ -201,17 +201,20 @@ pub fn env_conventions(cmd: clap::Command) -> clap::Command {
 /// silently missing would start the service on a default.
 fn from_file(var: &str) -> Option<String> {
     let path = std::env::var_os(format!("{var}_FILE"))?;
+    let refuse = |kind, why: String| clap::Error::raw(kind, format!("{why}\n")).exit();
     if std::env::var_os(var).is_some() {
-        eprintln!("error: {var} and {var}_FILE are both set; set one of them");
-        std::process::exit(2);
+        refuse(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!("{var} and {var}_FILE are both set; set one of them"),
+        );
     }
     match std::fs::read_to_string(&path) {
         // A file written by `echo` ends with a newline that is not the value's.
         Ok(v) => Some(v.trim_end_matches(['\n', '\r']).to_owned()),
-        Err(e) => {
-            eprintln!("error: {var}_FILE={}: {e}", path.to_string_lossy());
-            std::process::exit(2);
-        }
+        Err(e) => refuse(
+            clap::error::ErrorKind::Io,
+            format!("{var}_FILE={}: {e}", path.to_string_lossy()),
+        ),
     }
 }
 
