@@ -102,7 +102,7 @@ pub const OUTBOX_TENANT_LAG_METRIC: Metric = m(
 /// Every metric this crate records, with its labels and HELP text.
 #[rustfmt::skip]
 pub const CATALOGUE: &[Metric] = &[
-    m(BUILD_INFO, Gauge, &["service", "role", "version"], "Always 1; the labels say what runs."),
+    m(BUILD_INFO, Gauge, &["service", "role", "version", "commit"], "Always 1; the labels say what runs."),
     m(OUTBOX_PUBLISHED, Counter, &["source"], "Outbox rows published and confirmed by the broker."),
     m(OUTBOX_PUBLISH_FAILURES, Counter, &["source", "event_type"], "Outbox publishes that failed (the row is retried with backoff)."),
     m(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes not confirmed: no confirm in time, or nacked by a queue that could not take them (the row is published again, no attempt spent)."),
@@ -187,9 +187,18 @@ pub fn describe(metrics: &[Metric]) {
 /// `build_info{service, role, version} 1`.
 pub fn build_info(service: &str, role: &str) {
     metrics::gauge!(BUILD_INFO, "service" => service.to_owned(), "role" => role.to_owned(),
-                    "version" => env!("CARGO_PKG_VERSION"))
+                    "version" => env!("CARGO_PKG_VERSION"), "commit" => COMMIT)
     .set(1.0);
 }
+
+/// The commit a binary was built from: `GIT_COMMIT` at build time (the
+/// image's build argument), else `unknown`. Read at build time, not from
+/// `.git` by a build script, which would rebuild every crate on every
+/// commit.
+pub const COMMIT: &str = match option_env!("GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
 
 /// A gauge whose series are replaced whole at each [`Family::set`].
 pub struct Family {

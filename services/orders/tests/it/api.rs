@@ -287,6 +287,16 @@ async fn the_api_port_answers_probes_and_the_ops_port_the_metrics() {
         text.contains(r#"http_requests_total{method="POST",route="/orders",status="201"}"#),
         "{text}"
     );
+    // What runs: the workspace's version, and the commit (or `unknown`).
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("build_info{"))
+        .expect(&text);
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+        "{build}"
+    );
+    assert!(build.contains("commit=\""), "{build}");
     app.stop().await;
 }
 
