@@ -48,7 +48,15 @@ const fn m(
     }
 }
 
+pub mod process;
+
 pub const BUILD_INFO: &str = "build_info";
+pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
+pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
+pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
+pub const DB_POOL_CONNECTIONS: &str = "db_pool_connections";
+pub const DB_POOL_MAX: &str = "db_pool_max_connections";
 pub const OUTBOX_PUBLISHED: &str = "outbox_published_total";
 pub const OUTBOX_PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
 pub const OUTBOX_UNCONFIRMED: &str = "outbox_unconfirmed_total";
@@ -103,6 +111,12 @@ pub const OUTBOX_TENANT_LAG_METRIC: Metric = m(
 #[rustfmt::skip]
 pub const CATALOGUE: &[Metric] = &[
     m(BUILD_INFO, Gauge, &["service", "role", "version", "commit"], "Always 1; the labels say what runs."),
+    m(PROCESS_CPU, Gauge, &[], "CPU time (user and system) the process has used since it started, in seconds (a gauge read from /proc; rate() it)."),
+    m(PROCESS_RESIDENT_MEMORY, Gauge, &[], "Resident memory of the process."),
+    m(PROCESS_OPEN_FDS, Gauge, &[], "File descriptors the process holds open (sockets included)."),
+    m(PROCESS_START_TIME, Gauge, &[], "When the process started (Unix seconds)."),
+    m(DB_POOL_CONNECTIONS, Gauge, &["pool", "state"], "Connections of each pool (app, relay, owner), idle or in use."),
+    m(DB_POOL_MAX, Gauge, &["pool"], "The most connections each pool may open."),
     m(OUTBOX_PUBLISHED, Counter, &["source"], "Outbox rows published and confirmed by the broker."),
     m(OUTBOX_PUBLISH_FAILURES, Counter, &["source", "event_type"], "Outbox publishes that failed (the row is retried with backoff)."),
     m(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes not confirmed: no confirm in time, or nacked by a queue that could not take them (the row is published again, no attempt spent)."),

@@ -257,6 +257,16 @@ pub async fn launch(
             ),
         );
         tracing::info!(service = spec.name, role = ?spec.role, address = %common.ops_bind_address, ops_port, "health and metrics at /healthz /readyz /metrics");
+        // Only a role that runs: `migrate` must exit once it is done.
+        let pools = vec![
+            ("app", dbs.app.clone()),
+            ("relay", dbs.relay.clone()),
+            ("owner", dbs.owner.clone()),
+        ];
+        tasks.spawn(
+            "process gauges",
+            crate::metrics::process::sample(pools, shutdown.clone()),
+        );
     }
     if spec.role.relays() {
         tasks.spawn_relay(&dbs, common, spec.name, spec.subscriptions)?;

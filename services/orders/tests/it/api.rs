@@ -264,6 +264,21 @@ async fn the_api_port_answers_probes_and_the_ops_port_the_metrics() {
         true
     );
     assert_eq!(get(format!("{}/metrics", app.ops)).await.0, 200);
+    // The process's own gauges and its pools' (the test's app pool: 10).
+    reliability::testing::wait_until(
+        std::time::Duration::from_secs(15),
+        "process and pool gauges",
+        || async {
+            let text = app.metrics().await;
+            text.contains(r#"db_pool_max_connections{pool="app"} 10"#)
+                && text.contains(r#"db_pool_connections{pool="app",state="in_use"}"#)
+                && text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+                    .any(|v| v.parse::<f64>().is_ok_and(|v| v > 1e6))
+        },
+    )
+    .await;
     // The document is built from the same macro that registers the routes.
     let doc: Value = app
         .api
