@@ -65,26 +65,49 @@ pub async fn peek_dead_letters(
     Ok(out)
 }
 
-/// Moves up to `limit` messages from `queue`'s DLQ back onto `queue` (only
-/// that consumer sees them again). Each is acked off the DLQ only after the
-/// broker confirmed the re-publish, so a crash here duplicates, never loses;
-/// the consumer's dedup absorbs the duplicate.
+/// Which dead letters a re-drive moves: all, one (by message id), or a
+/// group (by event type); each given field must match.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterFilter {
+    pub message_id: Option<String>,
+    pub event_type: Option<String>,
+}
+
+impl DeadLetterFilter {
+    pub fn matches(&self, letter: &DeadLetter) -> bool {
+        let field = |want: &Option<String>, have: &Option<String>| {
+            want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
+        };
+        field(&self.message_id, &letter.message_id) && field(&self.event_type, &letter.event_type)
+    }
+}
+
+/// Moves up to `limit` messages that `filter` matches from `queue`'s DLQ
+/// back onto `queue` (only that consumer sees them again). Each is acked off
+/// the DLQ only after the broker confirmed the re-publish, so a crash here
+/// duplicates, never loses; the consumer's dedup absorbs the duplicate. The
+/// others are put back, in order.
 ///
-/// Only the messages present when it starts are moved: one that fails again
-/// lands back in the DLQ while this runs and must not be sent round twice.
+/// Only the messages present when it starts are looked at: one that fails
+/// again lands back in the DLQ while this runs and must not be sent round
+/// twice.
 pub async fn redrive_dead_letters(
     connection: &Connection,
     queue: &str,
     limit: usize,
+    filter: &DeadLetterFilter,
 ) -> Result<usize> {
     let channel = connection.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions { nowait: false })
         .await?;
     let dlq = dead_letter_queue(queue);
-    let limit = limit.min(queue_depth(&channel, &dlq).await? as usize);
-    let mut moved = 0;
-    while moved < limit {
+    let present = queue_depth(&channel, &dlq).await? as usize;
+    let (mut moved, mut kept) = (0, Vec::new());
+    for _ in 0..present {
+        if moved == limit {
+            break;
+        }
         let Some(msg) = channel
             .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
             .await?
@@ -92,16 +115,27 @@ pub async fn redrive_dead_letters(
             break;
         };
         let mut props = msg.delivery.properties.clone();
+        let letter = DeadLetter {
+            message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            event_type: props.kind().as_ref().map(|s| s.as_str().to_owned()),
+            routing_key: String::new(),
+            reason: None,
+            body: String::new(),
+        };
+        if !filter.matches(&letter) {
+            kept.push(msg.delivery.delivery_tag);
+            continue;
+        }
         // A fresh start: the old x-death history would count against the new
         // delivery limit and confuse the next operator reading it.
         if let Some(headers) = props.headers().clone() {
-            let mut kept = FieldTable::default();
+            let mut fresh = FieldTable::default();
             for (k, v) in headers.inner() {
                 if !k.as_str().starts_with("x-") {
-                    kept.insert(k.clone(), v.clone());
+                    fresh.insert(k.clone(), v.clone());
                 }
             }
-            props = props.with_headers(kept);
+            props = props.with_headers(fresh);
         }
         let confirm = channel
             .basic_publish(
@@ -125,6 +159,14 @@ pub async fn redrive_dead_letters(
             .ack(lapin::options::BasicAckOptions { multiple: false })
             .await?;
         moved += 1;
+    }
+    // The others go back, each on its own (acks above sit between them).
+    for tag in kept {
+        let requeue = BasicNackOptions {
+            multiple: false,
+            requeue: true,
+        };
+        channel.basic_nack(tag, requeue).await?;
     }
     channel.close(200, "redrive done".into()).await?;
     Ok(moved)

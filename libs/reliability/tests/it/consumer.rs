@@ -17,6 +17,7 @@ use crate::support::{
 };
 
 mod failures;
+mod redrive;
 
 async fn setup() -> (TestDb, Broker, ConsumerConfig) {
     let db = TestDb::new().await;

@@ -47,13 +47,20 @@ pub enum QueueDlq {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
-    /// Move dead letters back onto the consumer's queue.
+    /// Move dead letters back onto the consumer's queue: all, one
+    /// (`--message-id`, as `list` shows it) or a group (`--event-type`).
     Redrive {
         /// The consumer's queue.
         queue: String,
         /// At most this many.
         #[arg(long, default_value_t = usize::MAX)]
         limit: usize,
+        /// Only the dead letter with this message id (`source:id`).
+        #[arg(long)]
+        message_id: Option<String>,
+        /// Only the dead letters of this event type (e.g. `orders.OrderPlaced`).
+        #[arg(long)]
+        event_type: Option<String>,
         #[command(flatten)]
         confirm: Confirm,
     },
@@ -87,16 +94,30 @@ pub async fn run(
             QueueDlq::Redrive {
                 queue,
                 limit,
+                message_id,
+                event_type,
                 confirm,
             } => {
                 let dlq = broker::dead_letter_queue(&queue);
-                let matched = depth(conn, &dlq).await?.unwrap_or(0).min(limit as u32);
+                let filter = broker::DeadLetterFilter {
+                    message_id,
+                    event_type,
+                };
+                let present = depth(conn, &dlq).await?.unwrap_or(0) as usize;
+                let matched = broker::peek_dead_letters(conn, &queue, present)
+                    .await?
+                    .iter()
+                    .filter(|l| filter.matches(l))
+                    .count()
+                    .min(limit) as u64;
                 let action = format!("move {matched} message(s) from {dlq} onto {queue}");
                 let changed = match confirm.proceed(&action)? {
-                    true => broker::redrive_dead_letters(conn, &queue, limit).await? as u64,
+                    true => {
+                        broker::redrive_dead_letters(conn, &queue, limit, &filter).await? as u64
+                    }
                     false => 0,
                 };
-                done(json, action, u64::from(matched), changed, confirm)
+                done(json, action, matched, changed, confirm)
             }
             QueueDlq::Purge { queue, confirm } => {
                 let dlq = broker::dead_letter_queue(&queue);

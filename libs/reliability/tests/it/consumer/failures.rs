@@ -71,7 +71,7 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     // the malformed message fails again and returns to the DLQ.
     handler.poisoned.store(false, Ordering::SeqCst);
     assert_eq!(
-        broker::redrive_dead_letters(&broker.conn, &queue, 10)
+        broker::redrive_dead_letters(&broker.conn, &queue, 10, &Default::default())
             .await
             .unwrap(),
         2

@@ -1,0 +1,89 @@
+//! An operator re-drives dead letters one by one or by event type; the
+//! others stay in the dead-letter queue, in their order.
+
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use reliability::broker::{self, DeadLetterFilter};
+
+use crate::support::Broker;
+
+#[tokio::test]
+async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_keep_their_order() {
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let dlq = broker::dead_letter_queue(&queue);
+    let ch = broker.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions { nowait: false })
+        .await
+        .unwrap();
+    for (id, kind) in [
+        ("svc:1", "A"),
+        ("svc:2", "B"),
+        ("svc:3", "A"),
+        ("svc:4", "B"),
+    ] {
+        let props = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type(kind.into());
+        ch.basic_publish(
+            "".into(),
+            dlq.as_str().into(),
+            BasicPublishOptions::default(),
+            id.as_bytes(),
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let ids = |letters: Vec<broker::DeadLetter>| -> Vec<String> {
+        letters.into_iter().filter_map(|l| l.message_id).collect()
+    };
+
+    let one = DeadLetterFilter {
+        message_id: Some("svc:2".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &one)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(broker.depth(&queue).await, 1);
+    let left = broker::peek_dead_letters(&broker.conn, &queue, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(left), ["svc:1", "svc:3", "svc:4"]);
+
+    let group = DeadLetterFilter {
+        event_type: Some("A".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &group)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(broker.depth(&queue).await, 3);
+    let left = broker::peek_dead_letters(&broker.conn, &queue, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(left), ["svc:4"]);
+
+    let none = DeadLetterFilter {
+        message_id: Some("svc:9".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &none)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(broker.depth(&dlq).await, 1);
+    let _ = ch.close(200, "done".into()).await;
+    broker.cleanup(&[&queue]).await;
+}
