@@ -87,6 +87,11 @@ alerts-test: ## unit-test the alert rules: each fires on its case and not on its
 	@command -v promtool >/dev/null || { echo "promtool is missing: apt-get install --no-install-recommends prometheus" >&2; exit 1; }
 	promtool check rules compose/prometheus/alerts.yml
 	promtool test rules compose/prometheus/alerts_test.yml
+	@# The scrape and alerting configuration too, its rule path made local.
+	@tmp=$$(mktemp -d) && cp compose/prometheus/alerts.yml $$tmp/ && \
+	  sed "s|/etc/prometheus/alerts.yml|$$tmp/alerts.yml|" compose/prometheus/prometheus.yml > $$tmp/prometheus.yml && \
+	  promtool check config $$tmp/prometheus.yml; status=$$?; rm -rf $$tmp; exit $$status
+	@if command -v amtool >/dev/null; then amtool check-config compose/alertmanager/alertmanager.yml; fi
 
 new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085] [ORDERED=4 (partitions: its consumer ordered per aggregate, ADR 0028)]
 	scripts/new-service.sh "$(NAME)" $(PORT) $(if $(ORDERED),--ordered $(ORDERED))

@@ -16,7 +16,7 @@ for entry in native:
         errors.append(f"{name} runs in `make up` but is not in the compose file")
     elif not any(p.endswith(f":{port}") for p in services[name].get("ports", [])):
         errors.append(f"{name}: port {port} not published")
-for dep in ("postgres", "rabbitmq", "setup", "prometheus", "grafana"):
+for dep in ("postgres", "rabbitmq", "setup", "prometheus", "alertmanager", "grafana"):
     if dep not in services:
         errors.append(f"compose file lacks {dep}")
 prom = yaml.safe_load((root / "compose/prometheus/prometheus.yml").read_text())
@@ -88,6 +88,25 @@ for name, svc in ours.items():
             and name != "setup")
         if not waits:
             errors.append(f"{name}: reaches {host} but does not wait for it to be healthy")
+# Alerts reach Alertmanager, and its routes name receivers it has.
+managers = [t for a in (prom.get("alerting") or {}).get("alertmanagers", [])
+            for c in a.get("static_configs", []) for t in c.get("targets", [])]
+if not managers:
+    errors.append("prometheus sends its alerts nowhere (no alerting.alertmanagers)")
+for target in managers:
+    if target.split(":")[0] not in services:
+        errors.append(f"prometheus sends alerts to {target}, not a compose service")
+am = yaml.safe_load((root / "compose/alertmanager/alertmanager.yml").read_text())
+receivers = {r["name"] for r in am.get("receivers", [])}
+def routes(r):
+    yield r
+    for sub in r.get("routes", []):
+        yield from routes(sub)
+for r in routes(am["route"]):
+    if r.get("receiver") and r["receiver"] not in receivers:
+        errors.append(f"alertmanager routes to {r['receiver']!r}, which it does not define")
+if not any(m.endswith(":/etc/alertmanager/alertmanager.yml:ro") for m in services.get("alertmanager", {}).get("volumes", [])):
+    errors.append("alertmanager: its configuration is not mounted")
 # Published host ports are unique.
 published = {}
 for name, svc in services.items():
