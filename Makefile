@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
+.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ token: ## print a development JWT: make token TENANT=1
 
 up: ## start the whole stack natively (local PostgreSQL and RabbitMQ); safe to run twice
 	scripts/stack.sh up
+
+observe: ## Prometheus (Debian's package) on the running stack: every process scraped, the alert rules, a page of the dashboard's panels; make down stops it
+	scripts/stack.sh observe
 
 down: ## stop exactly what `make up` started
 	scripts/stack.sh down

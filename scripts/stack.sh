@@ -2,7 +2,8 @@
 # The local stack, natively: `up` builds and starts every service against the
 # local PostgreSQL and RabbitMQ, `down` stops exactly what `up` started (by
 # recorded pid), `logs` follows the logs, `status` shows what runs, `reset`
-# stops the stack and drops its databases and queues (its data is lost).
+# stops the stack and drops its databases and queues (its data is lost),
+# `observe` starts a Prometheus (Debian's package) on the running stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # make deps writes .env where PostgreSQL asks for passwords.
@@ -57,10 +58,14 @@ need_servers() {
   # The projection's history is an ordered subscription: its partitions
   # hang off a consistent-hash exchange, a plugin that ships with RabbitMQ
   # and is off by default (docs/adr/0028). Enabled here where this user may.
-  local plugin=rabbitmq_consistent_hash_exchange
+  enable_plugin rabbitmq_consistent_hash_exchange "ordered subscriptions, docs/adr/0028"
+}
+
+enable_plugin() { # enable_plugin NAME WHY: on the local broker, where this user may
+  local plugin=$1
   if command -v rabbitmq-plugins >/dev/null &&
     ! timeout 20 rabbitmq-plugins -q list -e -m 2>/dev/null | grep -qx "$plugin"; then
-    echo "== enabling $plugin on the local broker (ordered subscriptions, docs/adr/0028)"
+    echo "== enabling $plugin on the local broker ($2)"
     timeout 60 rabbitmq-plugins -q enable "$plugin" >/dev/null ||
       echo "   could not; run: sudo rabbitmq-plugins enable $plugin   (or make deps)" >&2
   fi
@@ -150,7 +155,101 @@ down() {
     fi
     rm -f "$pidfile"
   done
+  if prometheus_alive; then
+    kill -TERM "$(cat "$RUN/pids/prometheus.pid")"
+    echo "stopped prometheus (pid $(cat "$RUN/pids/prometheus.pid"))"
+    any=1
+  fi
+  rm -f "$RUN/pids/prometheus.pid"
   ((any)) || echo "nothing was running"
+}
+
+# Prometheus from Debian's package, scraping every process of `up` on its
+# ops port, with the alert rules of compose/, and a page of the dashboard's
+# panels as links into Prometheus's graphs (no Grafana needed).
+OBSERVE_PORT=${OBSERVE_PORT:-9090}
+prometheus_alive() {
+  local pidfile=$RUN/pids/prometheus.pid
+  [[ -f $pidfile ]] && grep -q prometheus "/proc/$(cat "$pidfile")/cmdline" 2>/dev/null
+}
+
+observe() {
+  command -v prometheus >/dev/null || {
+    echo "prometheus is missing: sudo apt-get install --no-install-recommends prometheus" >&2
+    exit 1
+  }
+  local dir=$RUN/observe targets=() entry
+  # The broker's own metrics (per queue: depth, consumers) for the queue alerts.
+  enable_plugin rabbitmq_prometheus "per-queue metrics for Prometheus"
+  mkdir -p "$dir/data" "$RUN/pids" "$RUN/logs"
+  for entry in $SERVICES; do
+    [[ ${entry%%:*} == psp-sim ]] || targets+=("\"127.0.0.1:$((${entry##*:} + 3000))\"")
+  done
+  cat >"$dir/prometheus.yml" <<YML
+# Written by make observe: the ops port (API port + 3000) of every process of make up.
+global: { scrape_interval: 5s, evaluation_interval: 5s }
+rule_files: ["$PWD/compose/prometheus/alerts.yml"]
+scrape_configs:
+  - job_name: commerce
+    static_configs: [{ targets: [$(IFS=,; echo "${targets[*]}")] }]
+  - job_name: rabbitmq
+    metrics_path: /metrics/per-object
+    static_configs: [{ targets: ["127.0.0.1:15692"] }]
+YML
+  if prometheus_alive; then
+    echo "== prometheus already running (pid $(cat "$RUN/pids/prometheus.pid")); reloading its configuration"
+    kill -HUP "$(cat "$RUN/pids/prometheus.pid")"
+  else
+    echo "== starting prometheus on 127.0.0.1:$OBSERVE_PORT"
+    setsid prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+      --web.listen-address="127.0.0.1:$OBSERVE_PORT" >>"$RUN/logs/prometheus.log" 2>&1 </dev/null &
+    echo $! >"$RUN/pids/prometheus.pid"
+  fi
+  python3 - "$OBSERVE_PORT" >"$dir/dashboard.html" <<'PY'
+import html, json, sys, urllib.parse
+port = sys.argv[1]
+panels = json.load(open("compose/grafana/dashboards/commerce.json"))["panels"]
+print("<!doctype html><meta charset=utf-8><title>Commerce reliability</title>")
+print("<h1>Commerce reliability</h1><p>Each panel of the Grafana dashboard, as Prometheus graphs.</p><ul>")
+for p in panels:
+    if not p.get("targets"):
+        print(f"</ul><h2>{html.escape(p['title'])}</h2><ul>")
+        continue
+    q = {}
+    for i, t in enumerate(p.get("targets", [])):
+        q[f"g{i}.expr"], q[f"g{i}.tab"], q[f"g{i}.range_input"] = t["expr"], "0", "1h"
+    url = f"http://127.0.0.1:{port}/graph?" + urllib.parse.urlencode(q)
+    print(f'<li><a href="{html.escape(url)}">{html.escape(p["title"])}</a></li>')
+print(f'</ul><p><a href="http://127.0.0.1:{port}/alerts">Alerts</a> · '
+      f'<a href="http://127.0.0.1:{port}/targets">Targets</a></p>')
+PY
+  # Ready once every process of the stack answered a scrape since now (the
+  # data of an earlier run would say so too soon).
+  local deadline=$((SECONDS + 60)) up=0 since
+  since=$(date +%s)
+  until ((up == ${#targets[@]})); do
+    if ((SECONDS >= deadline)); then
+      echo "  prometheus scrapes $up of ${#targets[@]} processes after 60 s: make status; $RUN/logs/prometheus.log" >&2
+      exit 1
+    fi
+    sleep 1
+    up=$(python3 - "$OBSERVE_PORT" "$since" <<'PY' 2>/dev/null || echo 0
+import json, sys, urllib.parse, urllib.request
+port, since = sys.argv[1], sys.argv[2]
+q = f'up{{job="commerce"}} == 1 and timestamp(up{{job="commerce"}}) > {since}'
+url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+print(len(json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]))
+PY
+)
+  done
+  cat <<MSG
+
+Prometheus scrapes all ${#targets[@]} processes of the stack, with the alert rules.
+  graphs      http://127.0.0.1:$OBSERVE_PORT/graph
+  alerts      http://127.0.0.1:$OBSERVE_PORT/alerts
+  dashboard   $PWD/$dir/dashboard.html   (each panel of compose/grafana's dashboard)
+Stop: make down (stops it with the stack)
+MSG
 }
 
 reset() {
@@ -193,5 +292,6 @@ case "${1:-}" in
   status) status ;;
   logs) logs ;;
   reset) reset ;;
-  *) echo "usage: $0 up|down|status|logs|reset" >&2; exit 2 ;;
+  observe) observe ;;
+  *) echo "usage: $0 up|down|status|logs|reset|observe" >&2; exit 2 ;;
 esac
