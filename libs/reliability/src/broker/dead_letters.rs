@@ -22,6 +22,19 @@ pub struct DeadLetter {
     pub body: String,
 }
 
+impl DeadLetter {
+    fn of(delivery: &lapin::message::Delivery) -> Self {
+        let props = &delivery.properties;
+        Self {
+            message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            event_type: props.kind().as_ref().map(|s| s.as_str().to_owned()),
+            routing_key: delivery.routing_key.as_str().to_owned(),
+            reason: death_reason(props.headers().as_ref()),
+            body: String::from_utf8_lossy(&delivery.data).into_owned(),
+        }
+    }
+}
+
 /// Lists up to `limit` messages of `queue`'s DLQ without removing them.
 pub async fn peek_dead_letters(
     connection: &Connection,
@@ -39,14 +52,7 @@ pub async fn peek_dead_letters(
         else {
             break;
         };
-        let props = &msg.delivery.properties;
-        out.push(DeadLetter {
-            message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
-            event_type: props.kind().as_ref().map(|s| s.as_str().to_owned()),
-            routing_key: msg.delivery.routing_key.as_str().to_owned(),
-            reason: death_reason(props.headers().as_ref()),
-            body: String::from_utf8_lossy(&msg.delivery.data).into_owned(),
-        });
+        out.push(DeadLetter::of(&msg.delivery));
         last_tag = Some(msg.delivery.delivery_tag);
     }
     if let Some(tag) = last_tag {
@@ -115,14 +121,7 @@ pub async fn redrive_dead_letters(
             break;
         };
         let mut props = msg.delivery.properties.clone();
-        let letter = DeadLetter {
-            message_id: props.message_id().as_ref().map(|s| s.as_str().to_owned()),
-            event_type: props.kind().as_ref().map(|s| s.as_str().to_owned()),
-            routing_key: String::new(),
-            reason: None,
-            body: String::new(),
-        };
-        if !filter.matches(&letter) {
+        if !filter.matches(&DeadLetter::of(&msg.delivery)) {
             kept.push(msg.delivery.delivery_tag);
             continue;
         }
