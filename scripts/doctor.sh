@@ -122,6 +122,12 @@ for port in 8081 8082 8083 8084 8090; do
     bad "port $port is in use" "make down (if make up runs), or set ORDERS_PORT/INVENTORY_PORT/PAYMENTS_PORT/PROJECTION_PORT/PSP_SIM_PORT"
   else ok "port $port free"; fi
 done
+# Each service's ops port (/metrics, /readyz's detail): its port + 3000.
+for port in 11081 11082 11083 11084; do
+  if tcp_open 127.0.0.1 "$port"; then
+    bad "port $port (an ops port) is in use" "make down (if make up runs), or set OPS_PORT"
+  else ok "port $port free"; fi
+done
 
 echo "disk"
 avail=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
