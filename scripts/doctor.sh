@@ -125,7 +125,7 @@ done
 # Each service's ops port (/metrics, /readyz's detail): its port + 3000.
 for port in 11081 11082 11083 11084; do
   if tcp_open 127.0.0.1 "$port"; then
-    bad "port $port (an ops port) is in use" "make down (if make up runs), or set OPS_PORT"
+    bad "port $port (an ops port) is in use" "make down (if make up runs); an ops port follows its service port (+ 3000)"
   else ok "port $port free"; fi
 done
 
