@@ -51,7 +51,7 @@ const fn m(
 pub mod process;
 
 pub const BUILD_INFO: &str = "build_info";
-pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
+pub const PROCESS_CPU: &str = "process_cpu_seconds";
 pub const PROCESS_RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
 pub const PROCESS_OPEN_FDS: &str = "process_open_fds";
 pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
