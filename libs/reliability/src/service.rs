@@ -12,12 +12,14 @@
 //!   killed and restarted alone.
 
 mod declare;
+mod env;
 mod http;
 mod openapi;
 mod runtime;
 mod settings;
 
 pub use declare::*;
+pub use env::*;
 pub use http::*;
 pub use openapi::*;
 pub use runtime::*;

@@ -1,7 +1,6 @@
 //! What a service is told: [`CommonSettings`] from the environment, its
 //! [`Role`], and the [`Databases`] (one pool per role) they lead to.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,35 +16,6 @@ use crate::rate_limit::RateLimit;
 use crate::{Error, Result, db};
 
 use super::ServerLimits;
-
-/// A string that never prints (JWT secret, passwords).
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(s: &str) -> Self {
-        Self(s.to_owned())
-    }
-}
 
 /// Settings every service has, each from its environment variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -172,50 +142,6 @@ pub struct CommonSettings {
     /// built with the `otel` feature. Unset: nothing is exported.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
-}
-
-/// The conventions of every command's environment, on every argument of
-/// `cmd` and of its subcommands, so that an argument added later follows
-/// them too:
-/// - `--help` names the variable each argument reads, never its value: a
-///   database URL's password or `JWT_SECRET` in the environment must not
-///   reach a terminal, or a log that captured the help;
-/// - each variable `X` has a twin `X_FILE`, the path of a file holding the
-///   value (Docker's and Kubernetes' secrets), read when `X` is unset.
-pub fn env_conventions(cmd: clap::Command) -> clap::Command {
-    cmd.mut_args(|a| {
-        let a = a.hide_env_values(true);
-        let var = a.get_env().map(|v| v.to_string_lossy().into_owned());
-        match var.and_then(|v| from_file(&v)) {
-            Some(value) => a
-                .default_value(&*Box::leak(value.into_boxed_str()))
-                .hide_default_value(true),
-            None => a,
-        }
-    })
-    .mut_subcommands(env_conventions)
-}
-
-/// The value of `var`'s `_FILE` twin, when `var` itself is unset. Both set,
-/// or a file that cannot be read, stops the start and says why: a secret
-/// silently missing would start the service on a default.
-fn from_file(var: &str) -> Option<String> {
-    let path = std::env::var_os(format!("{var}_FILE"))?;
-    let refuse = |kind, why: String| clap::Error::raw(kind, format!("{why}\n")).exit();
-    if std::env::var_os(var).is_some() {
-        refuse(
-            clap::error::ErrorKind::ArgumentConflict,
-            format!("{var} and {var}_FILE are both set; set one of them"),
-        );
-    }
-    match std::fs::read_to_string(&path) {
-        // A file written by `echo` ends with a newline that is not the value's.
-        Ok(v) => Some(v.trim_end_matches(['\n', '\r']).to_owned()),
-        Err(e) => refuse(
-            clap::error::ErrorKind::Io,
-            format!("{var}_FILE={}: {e}", path.to_string_lossy()),
-        ),
-    }
 }
 
 impl CommonSettings {
