@@ -104,12 +104,19 @@ pub async fn run(
                     event_type,
                 };
                 let present = depth(conn, &dlq).await?.unwrap_or(0) as usize;
-                let matched = broker::peek_dead_letters(conn, &queue, present)
-                    .await?
-                    .iter()
-                    .filter(|l| filter.matches(l))
-                    .count()
-                    .min(limit) as u64;
+                // Only a filter needs the messages read to count them (each
+                // read hands them back, a delivery more for a queue that
+                // counts them); all of them are the DLQ's depth.
+                let matching = if filter.message_id.is_none() && filter.event_type.is_none() {
+                    present
+                } else {
+                    broker::peek_dead_letters(conn, &queue, present)
+                        .await?
+                        .iter()
+                        .filter(|l| filter.matches(l))
+                        .count()
+                };
+                let matched = matching.min(limit) as u64;
                 let action = format!("move {matched} message(s) from {dlq} onto {queue}");
                 let changed = match confirm.proceed(&action)? {
                     true => {

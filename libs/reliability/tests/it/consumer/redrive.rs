@@ -41,6 +41,35 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         letters.into_iter().filter_map(|l| l.message_id).collect()
     };
 
+    // The operator's view first: a dry run counts what a filter matches
+    // and moves nothing.
+    let dry_run = |filter: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_reliability"))
+            .args([
+                "--json",
+                "queue",
+                "dlq",
+                "redrive",
+                queue.as_str(),
+                "--dry-run",
+            ])
+            .args(filter)
+            .env("AMQP_URL", reliability::testing::amqp_url())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let done: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            done["matched"].as_u64().unwrap(),
+            done["changed"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(dry_run(&[]), (4, 0));
+    assert_eq!(dry_run(&["--event-type", "A"]), (2, 0));
+    assert_eq!(dry_run(&["--message-id", "svc:3"]), (1, 0));
+    assert_eq!(broker.depth(&dlq).await, 4);
+
     let one = DeadLetterFilter {
         message_id: Some("svc:2".into()),
         ..Default::default()
