@@ -16,8 +16,9 @@ help: ## list the targets
 build: ## build every crate
 	cargo build --workspace --all-targets --locked
 
-test: test-clean ## run every test against the real PostgreSQL and RabbitMQ (~3 min on 2 cores after the build)
+test: test-clean ## run every test against the real PostgreSQL, RabbitMQ and FalkorDB (started on 127.0.0.1:6380 if need be; ~3 min on 2 cores after the build)
 	@scripts/pg-tls.sh
+	@scripts/falkordb.sh start
 	@if command -v cargo-nextest >/dev/null; then \
 	  cargo test --doc -p reliability --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
 	else \
@@ -109,7 +110,7 @@ template-check: ## generate a throwaway service (its consumer ordered, the flag'
 openapi: ## write each service's OpenAPI document (target/openapi/) and the events' AsyncAPI document and JSON Schemas (target/asyncapi/), and validate them
 	cargo build --locked --bins
 	mkdir -p target/openapi
-	for s in orders inventory payments projection; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
+	for s in orders inventory payments projection graph; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
 	$${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi
 	python3 scripts/check_asyncapi.py target/asyncapi
@@ -123,7 +124,7 @@ e2e-pgbouncer: ## the whole e2e suite once more with the runtime role through Pg
 	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
-SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p psp-sim
+SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p graph -p psp-sim
 
 # The saga also runs through a build of the main issue 24 was written
 # against, in the same run (BENCH_BASELINE_REV=none skips it).
@@ -132,11 +133,13 @@ BENCH_BASELINE_REV ?= 953eb30
 bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, about 10 min after the build); rewrites docs/benchmarks.md
 	if [ "$(BENCH_BASELINE_REV)" != none ]; then scripts/bench-baseline.sh $(BENCH_BASELINE_REV) > .bench-baseline; else : > .bench-baseline; fi
 	cargo build --locked --release -p bench $(SERVICE_PKGS)
+	scripts/falkordb.sh start
 	baseline=$$(cat .bench-baseline); rm -f .bench-baseline; \
 	  BENCH_BASELINE=$$baseline BENCH_BASELINE_REV=$(BENCH_BASELINE_REV) $${CARGO_TARGET_DIR:-target}/release/bench
 
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
 	cargo build --locked -p bench $(SERVICE_PKGS)
+	scripts/falkordb.sh start
 	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke
 
 model: ## the payment state machine's model test over many seeds (MODEL_SEEDS=2000; make test runs 200)

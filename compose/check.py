@@ -82,10 +82,10 @@ for name, svc in ours.items():
     for value in list(env.values()) + list(svc.get("command", [])):
         reached.update(re.findall(r"^[a-z+]+://(?:[^@/]*@)?([^:/]+)", str(value)))
     deps = svc.get("depends_on") or {}
-    for host in sorted(reached & {"postgres", "rabbitmq"}):
+    for host in sorted(reached & {"postgres", "rabbitmq", "falkordb"}):
         waits = (isinstance(deps, dict) and deps.get(host, {}).get("condition") == "service_healthy") or (
             isinstance(deps, dict) and deps.get("setup", {}).get("condition") == "service_completed_successfully"
-            and name != "setup")
+            and name != "setup" and host != "falkordb")
         if not waits:
             errors.append(f"{name}: reaches {host} but does not wait for it to be healthy")
 # Alerts reach Alertmanager, and its routes name receivers it has.

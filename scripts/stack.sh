@@ -20,9 +20,10 @@ export ORDERS_DATABASE_URL=${ORDERS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/o
 export INVENTORY_DATABASE_URL=${INVENTORY_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/inventory}
 export PAYMENTS_DATABASE_URL=${PAYMENTS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/payments}
 export PROJECTION_DATABASE_URL=${PROJECTION_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/projection}
+export GRAPH_DATABASE_URL=${GRAPH_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/graph}
 
 # name port
-SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084"
+SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084 graph:8085"
 
 bin() { echo "${CARGO_TARGET_DIR:-target}/$PROFILE/$1"; }
 
@@ -104,6 +105,15 @@ up() {
   echo "== roles and databases"
   # shellcheck disable=SC2046
   "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" $(databases)
+  # The graph's store: a FalkorDB of our own (scripts/falkordb.sh, data in
+  # $RUN/falkordb) unless GRAPH_URL names one; make down stops ours.
+  if [[ -z ${GRAPH_URL:-} || -f $RUN/pids/falkordb.ours ]]; then
+    echo "== FalkorDB (the graph's store)"
+    scripts/falkordb.sh start
+    touch "$RUN/pids/falkordb.ours"
+    GRAPH_URL=$(scripts/falkordb.sh url)
+  fi
+  export GRAPH_URL
   for entry in $SERVICES; do
     local name=${entry%%:*} port=${entry##*:}
     if alive "$name"; then
@@ -127,8 +137,9 @@ The stack is up.
   inventory   http://127.0.0.1:8082   (POST /stock/adjustments, GET /products/{sku})
   payments    http://127.0.0.1:8083   (GET /payments?order_id=, POST /refunds)
   projection  http://127.0.0.1:8084   (GET /orders/{id}, GET /history/{order|product}/{id})
+  graph       http://127.0.0.1:8085   (GET /graph/orders/{id}, GET /graph/products/{sku}/co-purchased|open-orders)
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
-  metrics     http://127.0.0.1:1108{1,2,3,4}/metrics   (ops ports, loopback only: OPS_BIND_ADDRESS)
+  metrics     http://127.0.0.1:1108{1,2,3,4,5}/metrics   (ops ports, loopback only: OPS_BIND_ADDRESS)
   operator    $(bin reliability) status   (what is stuck, per service and queue)
   traces      ${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}
   logs        make logs   ($RUN/logs/)
@@ -161,6 +172,12 @@ down() {
     any=1
   fi
   rm -f "$RUN/pids/prometheus.pid"
+  if [[ -f $RUN/pids/falkordb.ours ]]; then
+    scripts/falkordb.sh stop
+    rm -f "$RUN/pids/falkordb.ours"
+    echo "stopped falkordb"
+    any=1
+  fi
   ((any)) || echo "nothing was running"
 }
 
@@ -264,10 +281,14 @@ reset() {
   # act on orders that no longer exist.
   # The subscriber queues `up` declares (make up prints them); lanes add
   # queues of their own, which rabbitmqctl lists where we may run it.
-  local queues="inventory.stock payments.charges orders.saga projection.views projection.history.p0 projection.history.p1 projection.history.p2 projection.history.p3"
+  local queues="inventory.stock payments.charges orders.saga projection.views projection.history.p0 projection.history.p1 projection.history.p2 projection.history.p3 graph.edges"
   if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then
-    queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E '^(orders|inventory|payments|projection)\.' | grep -v '\.dlq$' || true)
+    queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E '^(orders|inventory|payments|projection|graph)\.' | grep -v '\.dlq$' || true)
   fi
+  # The graph our FalkorDB keeps is derived from the dropped databases too.
+  scripts/falkordb.sh stop
+  rm -rf "$RUN/falkordb"
+  echo "dropped the graph ($RUN/falkordb)"
   if [[ -n $queues ]]; then
     # shellcheck disable=SC2086
     "$(bin reliability)" queue delete --yes $queues

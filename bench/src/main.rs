@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 mod api;
 mod cost;
+mod graph_apply;
 mod ordered;
 mod pipeline;
 mod processes;
@@ -171,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
         "{:<44} {:<40} {:<28} {:>7}  target",
         "measure", "figure", "limit", "ratio"
     );
-    // For quick iterations on one part: BENCH_ONLY=relay,ordered,http,e2e,procs (no report).
+    // For quick iterations on one part: BENCH_ONLY=relay,ordered,graph,http,e2e,procs (no report).
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let runs = |part: &str| only.is_empty() || only.split(',').any(|p| p.trim() == part);
     let mut table = Table::default();
@@ -180,6 +181,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if runs("ordered") {
         ordered::ordered_apply(&sizes, &mut table).await?;
+    }
+    if runs("graph") {
+        graph_apply::graph_apply(&sizes, &mut table).await?;
     }
     if runs("http") {
         http(&sizes, &mut table).await?;

@@ -8,7 +8,7 @@ use reliability::outbox::Envelope;
 use reliability::testing::{TestDb, amqp_url, unique};
 use serde_json::{Value, json};
 
-use crate::pipeline::{STATE_SQL, apply_all, sliding_window_publish};
+use crate::pipeline::{STATE_SQL, apply_all, outgoing, sliding_window_publish};
 use crate::{Sizes, Table, pct};
 
 /// Partitions of the ordered subscription, replicas and lanes of both
@@ -49,13 +49,7 @@ fn messages(m: u64) -> anyhow::Result<Vec<Outgoing>> {
             let headers: serde_json::Map<String, Value> = serde_json::from_value(json!({
                 broker::PARTITION_HEADER: format!("{tenant}/{}", e.aggregate_key()),
             }))?;
-            Ok(Outgoing {
-                routing_key: e.routing_key(),
-                message_id: e.message_id(),
-                kind: e.event_type.clone(),
-                headers: broker::headers_from_json(&headers),
-                body: serde_json::to_vec(&e)?,
-            })
+            outgoing(&e, broker::headers_from_json(&headers))
         })
         .collect()
 }

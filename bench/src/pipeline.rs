@@ -11,7 +11,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use reliability::TenantTx;
 use reliability::broker::{self, Outgoing};
-use reliability::consumer::{Consumer, ConsumerConfig, Handler, HandlerError};
+use reliability::consumer::{Apply, Consumer, ConsumerConfig, Handler, HandlerError};
 use reliability::outbox::Envelope;
 use reliability::relay::{Relay, RelayConfig};
 use reliability::testing::{TestDb, amqp_url, unique};
@@ -106,6 +106,17 @@ impl Publish {
 /// Publishes `messages` as fast as the broker confirms them: at most
 /// `WINDOW` unconfirmed at any time, each confirm awaited in order, no
 /// barrier between batches. Fails on any return or nack.
+/// `e` as a relay publishes it, with `headers`.
+pub(crate) fn outgoing(e: &Envelope, headers: FieldTable) -> anyhow::Result<Outgoing> {
+    Ok(Outgoing {
+        routing_key: e.routing_key(),
+        message_id: e.message_id(),
+        kind: e.event_type.clone(),
+        headers,
+        body: serde_json::to_vec(e)?,
+    })
+}
+
 pub(crate) async fn sliding_window_publish(
     channel: &lapin::Channel,
     exchange: &str,
@@ -180,15 +191,7 @@ pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Resu
     )?;
     let messages = rows
         .iter()
-        .map(|e| {
-            Ok(Outgoing {
-                routing_key: e.routing_key(),
-                message_id: e.message_id(),
-                kind: e.event_type.clone(),
-                headers: broker::headers_from_json(&headers),
-                body: serde_json::to_vec(e)?,
-            })
-        })
+        .map(|e| outgoing(e, broker::headers_from_json(&headers)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     drop(rows);
     // The broker's limit: a sliding window of confirms (at most WINDOW
@@ -373,16 +376,20 @@ pub(crate) async fn apply_all(
     replicas: usize,
     m: u64,
 ) -> anyhow::Result<f64> {
-    let running: Vec<_> = (0..replicas)
-        .map(|_| {
-            Arc::new(Consumer::new(
-                db.app.clone(),
-                &amqp_url(),
-                config.clone(),
-                Upsert,
-            ))
-        })
-        .collect();
+    apply_with(replicas, m, || {
+        Consumer::new(db.app.clone(), &amqp_url(), config.clone(), Upsert)
+    })
+    .await
+}
+
+/// Applies `m` waiting events with `replicas` consumers that `consumer`
+/// builds; events per second. Fails if any was parked or dead-lettered.
+pub(crate) async fn apply_with<A: Apply>(
+    replicas: usize,
+    m: u64,
+    consumer: impl Fn() -> Consumer<A>,
+) -> anyhow::Result<f64> {
+    let running: Vec<_> = (0..replicas).map(|_| Arc::new(consumer())).collect();
     let stop = CancellationToken::new();
     let t0 = Instant::now();
     let tasks: Vec<_> = running
@@ -403,7 +410,10 @@ pub(crate) async fn apply_all(
     for task in tasks {
         task.await??;
     }
-    let parked: u64 = running.iter().map(|c| c.stats().parked).sum();
-    anyhow::ensure!(parked == 0, "{parked} events parked");
+    let lost: u64 = running
+        .iter()
+        .map(|c| c.stats().parked + c.stats().dead_lettered)
+        .sum();
+    anyhow::ensure!(lost == 0, "{lost} events parked or dead-lettered");
     Ok(rate)
 }

@@ -16,12 +16,13 @@ use sqlx::postgres::PgConnectOptions;
 use crate::check::Dbs;
 use crate::procs::Cluster;
 
-pub const CONSUMERS: [&str; 5] = [
+pub const CONSUMERS: [&str; 6] = [
     "orders.saga",
     "inventory.stock",
     "payments.charges",
     "projection.views",
     "projection.history",
+    "graph.edges",
 ];
 
 /// The most partitions a run gives an ordered subscription (the K change
@@ -51,11 +52,21 @@ pub fn queue_names(prefix: &str) -> Vec<String> {
     }
     names
 }
-pub const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
+pub const SERVICES: [&str; 5] = ["orders", "inventory", "payments", "projection", "graph"];
+
+/// Services that publish nothing: no relay runs for them.
+const NO_OUTBOX: [&str; 2] = ["projection", "graph"];
+
+/// The graph service's FalkorDB: the world's (`GRAPH_URL`), else the one
+/// `scripts/falkordb.sh` starts on this machine.
+pub fn graph_url() -> String {
+    std::env::var("GRAPH_URL").unwrap_or_else(|_| "falkor://127.0.0.1:6380".into())
+}
 pub const SECRET: &str = "cluster-secret";
 
 /// Where a run lives: databases `{name}_orders`…, exchange `{name}.events`,
-/// queues `{name}.…`, ports `port_base + 1..=4` (the services, in
+/// queues `{name}.…`, graph `{name}` on [`graph_url`], ports
+/// `port_base + 1..=5` (the services, in
 /// [`SERVICES`] order) and `port_base + 19` (the provider simulator; not
 /// `+ 10`, which is 9090 for e2e: the compose stack's Prometheus),
 /// binaries from `target/{profile}`, logs in `.run/{name}/`.
@@ -112,6 +123,7 @@ pub async fn launch_built(
         ("inventory", &inventory::MIGRATIONS),
         ("payments", &payments::MIGRATIONS),
         ("projection", &projection::MIGRATIONS),
+        ("graph", &graph::MIGRATIONS),
     ] {
         let name = format!("{}_{service}", layout.name);
         db::ensure_database(&admin, &name).await?;
@@ -130,7 +142,18 @@ pub async fn launch_built(
         inventory: owners[1].clone(),
         payments: owners[2].clone(),
         projection: owners[3].clone(),
+        // Another build (the bench's baseline) may have no graph service.
+        graph: bin("graph").exists().then(|| {
+            let store = graph::store::Store::new(&graph_url(), layout.name);
+            std::sync::Arc::new(store)
+        }),
     };
+    if let Some(graph) = &dbs.graph {
+        graph
+            .delete()
+            .await
+            .map_err(|e| anyhow::anyhow!("the graph of an earlier run: {e}"))?;
+    }
 
     // Queues of an earlier run would deliver its events into these fresh databases.
     let prefix = layout.queue_prefix();
@@ -176,6 +199,8 @@ pub async fn launch_built(
         ("PSP_RECONCILE_INTERVAL_SECS".into(), "5".into()),
         ("PSP_RECONCILE_WINDOW_HOURS".into(), "1".into()),
         ("RUST_LOG".into(), "info".into()),
+        ("GRAPH_URL".into(), graph_url()),
+        ("GRAPH_NAME".into(), layout.name.into()),
     ];
     for svc in SERVICES {
         let upper = svc.to_uppercase();
@@ -189,8 +214,12 @@ pub async fn launch_built(
         vars.retain(|(name, _)| name != k);
         vars.push(((*k).to_owned(), (*v).to_owned()));
     }
+    let services: Vec<&str> = SERVICES
+        .into_iter()
+        .filter(|svc| bin(svc).exists())
+        .collect();
     if bins.is_some() {
-        for svc in SERVICES {
+        for &svc in &services {
             let out = std::process::Command::new(bin(svc))
                 .arg("migrate")
                 .envs(vars.iter().map(|(k, v)| (k, v)))
@@ -209,7 +238,7 @@ pub async fn launch_built(
         layout.port_base + 200,
     )?;
     cluster.add("psp-sim", bin("psp-sim"), &[], Some(layout.port("psp-sim")));
-    for svc in SERVICES {
+    for svc in services {
         let bin = bin(svc);
         cluster.add(
             &format!("{svc}-api"),
@@ -218,7 +247,7 @@ pub async fn launch_built(
             Some(layout.port(svc)),
         );
         cluster.add(&format!("{svc}-consumer"), bin.clone(), &["consume"], None);
-        if svc != "projection" {
+        if !NO_OUTBOX.contains(&svc) {
             cluster.add(&format!("{svc}-relay"), bin, &["relay"], None);
         }
     }

@@ -1,5 +1,5 @@
 //! The whole system in one process, for tests that follow an order across
-//! every service: the four services (all roles) and the provider simulator,
+//! every service: the five services (all roles) and the provider simulator,
 //! each service on a database of its own, all on one exchange of their own
 //! on the real broker.
 
@@ -22,6 +22,7 @@ pub struct Stack {
     pub inventory: ApiClient,
     pub payments: ApiClient,
     pub projection: ApiClient,
+    pub graph: ApiClient,
     pub psp: psp_sim::Simulator,
     /// Where the simulator listens.
     pub psp_url: String,
@@ -35,6 +36,7 @@ pub struct Dbs {
     pub inventory: TestDb,
     pub payments: TestDb,
     pub projection: TestDb,
+    pub graph: TestDb,
 }
 
 impl Stack {
@@ -56,6 +58,7 @@ impl Stack {
             inventory: TestDb::with_migrations(&inventory::MIGRATIONS).await,
             payments: TestDb::with_migrations(&payments::MIGRATIONS).await,
             projection: TestDb::with_migrations(&projection::MIGRATIONS).await,
+            graph: TestDb::with_migrations(&graph::MIGRATIONS).await,
         };
 
         let sim = psp_sim::Application::build(psp_sim::Settings::local(0)).await?;
@@ -99,11 +102,26 @@ impl Stack {
             stop.clone(),
         )
         .await?;
+        let g = service::start(
+            &graph::SERVICE,
+            Settings {
+                service: graph::GraphSettings {
+                    graph_url: graph::test_url(),
+                    graph_name: common.exchange.clone(),
+                    rebuild_from: Vec::new(),
+                },
+                ..Settings::local(common.clone())
+            },
+            dbs.graph.databases(),
+            stop.clone(),
+        )
+        .await?;
         let stack = Self {
             orders: ApiClient::new(o.port(), jwt.clone()),
             inventory: ApiClient::new(i.port(), jwt.clone()),
             payments: ApiClient::new(p.port(), jwt.clone()),
-            projection: ApiClient::new(v.port(), jwt),
+            projection: ApiClient::new(v.port(), jwt.clone()),
+            graph: ApiClient::new(g.port(), jwt),
             psp,
             psp_url,
             dbs,
@@ -114,6 +132,7 @@ impl Stack {
         tokio::spawn(i.run_until_stopped());
         tokio::spawn(p.run_until_stopped());
         tokio::spawn(v.run_until_stopped());
+        tokio::spawn(g.run_until_stopped());
         stack.wait_until_consuming().await;
         Ok(stack)
     }
@@ -180,11 +199,16 @@ impl Stack {
         self.stop.cancel();
         let queues = cluster::queue_names(&self.common.queue_prefix);
         reliability::testing::delete_broker_objects(&queues, &self.common.exchange).await;
+        let graph = graph::store::Store::new(&graph::test_url(), &self.common.exchange);
+        if let Err(e) = graph.delete().await {
+            eprintln!("the stack's graph stays behind: {e}");
+        }
         for db in [
             self.dbs.orders,
             self.dbs.inventory,
             self.dbs.payments,
             self.dbs.projection,
+            self.dbs.graph,
         ] {
             db.cleanup().await;
         }

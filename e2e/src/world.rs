@@ -29,6 +29,8 @@ pub struct World {
     nodes: Vec<Node>,
     rabbit_bin: PathBuf,
     epmd_port: u16,
+    /// The graph service's FalkorDB.
+    falkordb_port: u16,
     /// Where the logs are copied when the world is removed.
     keep_logs: PathBuf,
     /// A separate host, where network namespaces can be made.
@@ -165,6 +167,7 @@ impl World {
             nodes,
             rabbit_bin,
             epmd_port: base + 69,
+            falkordb_port: base + 34,
             keep_logs,
             host,
             pooler,
@@ -181,7 +184,7 @@ impl World {
             .nodes
             .iter()
             .flat_map(|n| [n.amqp_port, n.dist_port])
-            .chain([world.pg.port, world.epmd_port])
+            .chain([world.pg.port, world.epmd_port, world.falkordb_port])
             .chain(world.pooler.as_ref().map(|p| p.port))
             .collect();
         // What a removed world held is let go within moments.
@@ -202,7 +205,40 @@ impl World {
         if let Some(pooler) = &world.pooler {
             pooler.create()?;
         }
+        world.falkordb("start")?;
         world.create_rabbit()
+    }
+
+    /// The graph's FalkorDB (scripts/falkordb.sh), its data in the world.
+    fn falkordb(&self, action: &str) -> anyhow::Result<String> {
+        check(
+            Command::new("bash")
+                .args(["scripts/falkordb.sh", action])
+                .env("FALKORDB_PORT", self.falkordb_port.to_string())
+                .env("FALKORDB_DIR", self.root.join("falkordb"))
+                .output(),
+            &format!("scripts/falkordb.sh {action}"),
+        )
+    }
+
+    /// `kill -9` of the world's FalkorDB.
+    pub fn kill_falkordb(&self) -> anyhow::Result<()> {
+        let pid = std::fs::read_to_string(self.root.join("falkordb/falkordb.pid"))?;
+        check(
+            Command::new("kill").args(["-KILL", pid.trim()]).output(),
+            "kill -9 FalkorDB",
+        )?;
+        Ok(())
+    }
+
+    /// Starts the world's FalkorDB again, on its data (its append-only log).
+    pub async fn start_falkordb(&'static self) -> anyhow::Result<()> {
+        blocking(move || self.falkordb("start").map(|_| ())).await
+    }
+
+    /// The world's FalkorDB, for the graph service (`GRAPH_URL`).
+    pub fn graph_url(&self) -> String {
+        format!("falkor://127.0.0.1:{}", self.falkordb_port)
     }
 
     /// A superuser URL of the world's PostgreSQL.
@@ -591,6 +627,11 @@ impl World {
         if self.pg.data.join("postmaster.pid").exists() {
             let _ = self.pg_stop_immediate();
         }
+        let _ = self.falkordb("stop");
+        let _ = std::fs::copy(
+            self.root.join("falkordb/falkordb.log"),
+            self.keep_logs.join("falkordb.log"),
+        );
         if let Ok(pid) = std::fs::read_to_string(self.root.join("epmd.pid")) {
             let _ = Command::new("kill").args(["-KILL", pid.trim()]).output();
         }

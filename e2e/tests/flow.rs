@@ -1,5 +1,5 @@
 //! Orders travel through inventory and payments to `confirmed` or
-//! `cancelled`, with the projection following, all four services running
+//! `cancelled`, with the projection and the graph following, all five services running
 //! their relays and consumers against the real broker.
 
 use std::sync::Arc;
@@ -84,6 +84,27 @@ async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_ref
     )
     .await;
     assert_eq!(stack.psp.total_refunds(), 1);
+    // The graph tells the same story (ADR 0030).
+    let path = format!("/graph/orders/{order_id}");
+    wait_until(
+        Duration::from_secs(20),
+        "the refund in the graph",
+        || async {
+            stack.graph.get(1, &path).await.1["payments"][0]["refunds"][0]["amount_cents"] == 500
+        },
+    )
+    .await;
+    let (_, node) = stack.graph.get(1, &path).await;
+    assert_eq!(
+        (&node["status"], &node["customer_id"], &node["lines"]),
+        (
+            &json!("confirmed"),
+            &json!("c-1"),
+            &json!([{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1250,
+                     "reserved": true, "released": false}])
+        ),
+        "{node}"
+    );
 
     // The order's path is one trace: every event the order caused carries its
     // trace id (the refund, a request of its own, has its own trace).

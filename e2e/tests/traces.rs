@@ -1,4 +1,4 @@
-//! One order is one trace across the four services, exported over
+//! One order is one trace across the five services, exported over
 //! OTLP/HTTP JSON: an in-test collector receives the spans of every step
 //! (the request, each enqueue, publish and apply, the charge and its
 //! provider call), all under the order's trace id, as one tree.
@@ -68,7 +68,7 @@ async fn receive(State(inbox): State<Inbox>, body: axum::body::Bytes) -> &'stati
 }
 
 #[tokio::test]
-async fn one_order_is_one_trace_across_the_four_services() {
+async fn one_order_is_one_trace_across_the_five_services() {
     let (url, inbox) = collector().await;
     let stack = Stack::start_with(|common| common.otlp_endpoint = Some(url))
         .await
@@ -155,7 +155,7 @@ async fn one_order_is_one_trace_across_the_four_services() {
     let services: BTreeSet<&str> = spans.iter().map(|s| s.service.as_str()).collect();
     assert_eq!(
         services,
-        BTreeSet::from(["inventory", "orders", "payments", "projection"])
+        BTreeSet::from(["graph", "inventory", "orders", "payments", "projection"])
     );
     // The apply of OrderPlaced in inventory is the child of orders' publish.
     let by_id: HashMap<&str, &Received> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();

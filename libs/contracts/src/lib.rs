@@ -116,6 +116,11 @@ pub mod topology {
     )
     .ordered(4);
 
+    /// The graph takes every event into its property graph (customers,
+    /// orders, products, payments); order-free, like the views.
+    pub const GRAPH_EDGES: Subscription =
+        Subscription::new("graph.edges", &["orders.*", "inventory.*", "payments.*"]);
+
     /// Every subscription of the commerce services.
     pub const ALL: &[Subscription] = &[
         INVENTORY_STOCK,
@@ -123,6 +128,7 @@ pub mod topology {
         ORDERS_SAGA,
         PROJECTION_VIEWS,
         PROJECTION_HISTORY,
+        GRAPH_EDGES,
     ];
 
     /// Whether a topic exchange routes `routing_key` through `binding`
@@ -363,6 +369,28 @@ events! {
     PaymentCaptured: event::PAYMENT_CAPTURED, version 1, from source::PAYMENTS;
     PaymentFailed: event::PAYMENT_FAILED, version 1, from source::PAYMENTS;
     RefundIssued: event::REFUND_ISSUED, version 1, from source::PAYMENTS;
+}
+
+/// An order's id as the events carry it and every service's routes take
+/// it: opaque to clients, a number here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct OrderId(i64);
+
+impl OrderId {
+    pub fn new(id: i64) -> Self {
+        Self(id)
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// A path segment as an id; None for anything else, which every
+    /// service answers as not found.
+    pub fn parse(s: &str) -> Option<Self> {
+        s.parse().ok().map(Self)
+    }
 }
 
 /// A stock-keeping unit as every service accepts it: 1 to 64 visible ASCII

@@ -27,8 +27,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::PgPool;
-
 use crate::broker::QueueSpec;
 use crate::failpoint::FailPoints;
 use crate::health::Health;
@@ -37,13 +35,17 @@ use crate::{Error, Result, TenantId, TenantTx};
 
 mod apply;
 mod delivery;
+mod kinds;
 mod offsets;
 mod ordered;
 mod park;
+mod replay;
 mod settle;
 
+pub use kinds::{Apply, Pg, Sink};
 pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};
+pub use replay::Replayed;
 
 /// The ordered subscription's record-and-gate statement, for a test of
 /// its plan.
@@ -103,6 +105,10 @@ pub enum HandlerError {
     Transient(BoxError),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// A [`Sink`]'s own store cannot be reached (its server is down or
+    /// restarting): waited on like a database outage, costing no try.
+    #[error("store unavailable: {0}")]
+    Unavailable(BoxError),
     /// A library call failed; the retry decision reads its kind (an
     /// unavailable broker waits like a database outage, anything else
     /// costs a try).
@@ -191,12 +197,11 @@ impl ConsumerConfig {
     }
 }
 
-pub struct Consumer<H> {
-    /// Connects as the runtime role: the handler runs under row-level security.
-    pool: PgPool,
+pub struct Consumer<A> {
     amqp_url: String,
     config: ConsumerConfig,
-    handler: H,
+    /// Where the consumer's state lives, and how an event changes it.
+    state: A,
     stats: Arc<Counters>,
     health: Health,
 }
@@ -248,8 +253,9 @@ impl ConsumerStats {
 
 /// Where one applier adds up its progress: a lane's own `consumer_offsets`
 /// stripe, so lanes and replicas do not queue on one hot row.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
-struct Lane {
+pub struct Lane {
     index: usize,
     stripe: i16,
 }
@@ -266,13 +272,12 @@ impl Lane {
 /// Progress stripes per tenant, consumer and source (docs/adr/0010).
 const OFFSET_STRIPES: u16 = 64;
 
-impl<H: Handler> Consumer<H> {
-    pub fn new(pool: PgPool, amqp_url: &str, config: ConsumerConfig, handler: H) -> Self {
+impl<A: Apply> Consumer<A> {
+    fn build(amqp_url: &str, config: ConsumerConfig, state: A) -> Self {
         Self {
-            pool,
             amqp_url: amqp_url.to_owned(),
             config,
-            handler,
+            state,
             stats: Arc::default(),
             health: Health::default(),
         }
@@ -311,10 +316,6 @@ impl<H: Handler> Consumer<H> {
 
     pub fn config(&self) -> &ConsumerConfig {
         &self.config
-    }
-
-    pub fn handler(&self) -> &H {
-        &self.handler
     }
 }
 

@@ -174,6 +174,23 @@ pub fn routing_key(source: &str, event_type: &str) -> String {
     format!("{source}.{event_type}")
 }
 
+/// The sources a rebuild replays (`--rebuild-from`): each `name=owner-url`
+/// as a small pool on that service's database as its owner role, the only
+/// one that reads the archive.
+pub async fn history_sources(items: &[String]) -> Result<Vec<(String, sqlx::PgPool)>> {
+    let mut sources = Vec::with_capacity(items.len());
+    for item in items {
+        let (name, url) = item
+            .split_once('=')
+            .ok_or_else(|| crate::Error::Config(format!("expected name=url, got `{item}`")))?;
+        let options: sqlx::postgres::PgConnectOptions = url
+            .parse()
+            .map_err(|e| crate::Error::Config(format!("{name}'s URL: {e}")))?;
+        sources.push((name.to_owned(), crate::db::pool(options, 2).await?));
+    }
+    Ok(sources)
+}
+
 /// A page of `source`'s event history (the outbox and its archive) after
 /// outbox id `after`, as the relay publishes it: the source a projection is
 /// rebuilt from. Read as the owner role; rows still unpublished are

@@ -17,6 +17,7 @@ mod http;
 mod openapi;
 mod runtime;
 mod settings;
+mod state;
 
 pub use declare::*;
 pub use env::*;
@@ -24,6 +25,7 @@ pub use http::*;
 pub use openapi::*;
 pub use runtime::*;
 pub use settings::*;
+pub use state::ApiState;
 
 /// What every long-running part of a service watches to stop.
 pub use tokio_util::sync::CancellationToken as ShutdownToken;

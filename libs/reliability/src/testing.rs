@@ -21,7 +21,7 @@ mod proxy;
 pub use proxy::{TcpProxy, broker_addr, postgres_addr};
 
 mod appliers;
-pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event};
+pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event, race};
 
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 

@@ -2,27 +2,10 @@
 //! so everything past the HTTP boundary holds valid values.
 
 use contracts::Sku;
-use serde::Serialize;
 
 use crate::Error;
 
-/// An order's id: opaque to clients, a number here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct OrderId(i64);
-
-impl OrderId {
-    pub fn new(id: i64) -> Self {
-        Self(id)
-    }
-    pub fn get(self) -> i64 {
-        self.0
-    }
-    /// A path segment as an id; anything else is simply not found.
-    pub fn parse(s: &str) -> Result<Self, Error> {
-        s.parse().map(Self).map_err(|_| Error::NotFound)
-    }
-}
+pub use contracts::OrderId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CustomerId(String);

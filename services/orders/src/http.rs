@@ -144,7 +144,7 @@ async fn get_order(
     State(pool): State<PgPool>,
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {
-    let order_id = OrderId::parse(&order_id)?;
+    let order_id = OrderId::parse(&order_id).ok_or(Error::NotFound)?;
     read_one(&pool, tenant, async |tx| find_order(tx, order_id).await).await
 }
 

@@ -52,8 +52,8 @@ async fn get_order(
     State(pool): State<PgPool>,
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {
-    let order_id: i64 = order_id.parse().map_err(|_| Error::NotFound)?;
-    read_one(&pool, tenant, async |tx| find(tx, order_id).await).await
+    let order_id = contracts::OrderId::parse(&order_id).ok_or(Error::NotFound)?;
+    read_one(&pool, tenant, async |tx| find(tx, order_id.get()).await).await
 }
 
 #[utoipa::path(get, path = "/history/{aggregate_type}/{aggregate_id}", tag = "projection",

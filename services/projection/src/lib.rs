@@ -10,11 +10,8 @@ pub mod http;
 pub mod rebuild;
 pub mod views;
 
-use std::str::FromStr;
-
 use reliability::service::{self, Databases, Service, ShutdownToken, Tasks};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgConnectOptions;
 
 pub use error::{Error, Projection};
 
@@ -65,15 +62,6 @@ pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<rebuild::Rebuil
         "projection-rebuild",
     )?;
     service::migrate_with_retry(&dbs.owner, &MIGRATIONS, &ShutdownToken::new()).await?;
-    let mut sources = Vec::new();
-    for item in &settings.service.rebuild_from {
-        let (name, url) = item
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("expected name=url, got `{item}`"))?;
-        sources.push((
-            name.to_owned(),
-            reliability::db::pool(PgConnectOptions::from_str(url)?, 2).await?,
-        ));
-    }
+    let sources = reliability::outbox::history_sources(&settings.service.rebuild_from).await?;
     Ok(rebuild::rebuild(&dbs, &sources).await?)
 }

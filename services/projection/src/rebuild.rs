@@ -7,7 +7,6 @@
 //! they recompute a view.
 
 use reliability::consumer::{Consumer, ConsumerConfig};
-use reliability::outbox;
 use reliability::service::Databases;
 use sqlx::PgPool;
 
@@ -60,26 +59,8 @@ pub async fn rebuild(
         ConsumerConfig::new(CONSUMER, "", &[]),
         Views,
     );
-    let mut report = RebuildReport::default();
-    for (source, pool) in sources {
-        let (mut after, mut count) = (0, 0);
-        loop {
-            let page = outbox::history(pool, source, after, 1000).await?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            for event in &page {
-                replayer
-                    .apply(event)
-                    .await
-                    .map_err(|e| reliability::Error::Replay {
-                        message_id: event.message_id(),
-                        source: Box::new(e),
-                    })?;
-            }
-            count += page.len();
-            tracing::info!(source = %source, replayed = count, "rebuild progress");
-        }
-        report.replayed.push((source.clone(), count));
-    }
-    Ok(report)
+    let replayed = replayer.replay(sources).await?;
+    Ok(RebuildReport {
+        replayed: replayed.into_iter().map(|r| (r.source, r.events)).collect(),
+    })
 }

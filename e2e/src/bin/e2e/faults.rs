@@ -292,7 +292,9 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
             .collect::<Vec<_>>(),
     )
     .await?;
-    for c in ["inventory.stock", PROJECTION] {
+    // Every consumer bound to orders.OrderPlaced dead-letters both at once,
+    // the graph's too (ADR 0030).
+    for c in ["inventory.stock", PROJECTION, "graph.edges"] {
         *run.poison
             .entry(broker::dead_letter_queue(&format!("{PREFIX}{c}")))
             .or_default() += 2;

@@ -119,7 +119,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         ""
     };
-    println!("making the world: PostgreSQL{pooled} and a 3-node RabbitMQ cluster on spare ports");
+    println!(
+        "making the world: PostgreSQL{pooled}, a 3-node RabbitMQ cluster and a FalkorDB on spare ports"
+    );
     let made = world.create();
     let status = made.and_then(|()| {
         println!(
@@ -132,6 +134,7 @@ fn main() -> anyhow::Result<()> {
             .env(IN_WORLD, "1")
             .env("DATABASE_URL", world.database_url())
             .env("AMQP_URL", world.amqp_url())
+            .env("GRAPH_URL", world.graph_url())
             .env("E2E_DEV_DATABASE_URL", dev_db)
             .env("E2E_DEV_AMQP_URL", dev_amqp)
             .status()?)

@@ -33,7 +33,7 @@ pub fn scenarios() -> Vec<Scenario> {
 }
 
 /// Extra replicas the replica scenario starts beside the base stack.
-pub const REPLICAS: [(&str, &str, &str); 9] = [
+pub const REPLICAS: [(&str, &str, &str); 11] = [
     ("orders-consumer-2", "orders", "consume"),
     ("orders-consumer-3", "orders", "consume"),
     ("inventory-consumer-2", "inventory", "consume"),
@@ -42,10 +42,12 @@ pub const REPLICAS: [(&str, &str, &str); 9] = [
     ("payments-consumer-3", "payments", "consume"),
     ("projection-consumer-2", "projection", "consume"),
     ("projection-consumer-3", "projection", "consume"),
+    ("graph-consumer-2", "graph", "consume"),
+    ("graph-consumer-3", "graph", "consume"),
     ("payments-relay-2", "payments", "relay"),
 ];
 
-const SERVICES: [&str; 4] = ["orders", "inventory", "payments", "projection"];
+const SERVICES: [&str; 5] = ["orders", "inventory", "payments", "projection", "graph"];
 
 fn sku(tenant: i64) -> String {
     format!("SKU-{tenant}")

@@ -43,6 +43,7 @@ pub async fn peek_dead_letters(
 ) -> Result<Vec<DeadLetter>> {
     let channel = connection.create_channel().await?;
     let dlq = dead_letter_queue(queue);
+    let present = queue_depth(&channel, &dlq).await?;
     let mut out = Vec::new();
     let mut last_tag = None;
     while out.len() < limit {
@@ -68,7 +69,27 @@ pub async fn peek_dead_letters(
             .await?;
     }
     channel.close(200, "peek done".into()).await?;
+    until_back(connection, &dlq, present).await?;
     Ok(out)
+}
+
+/// How long a look at a DLQ waits for what it handed back to be ready
+/// again.
+const RETURN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits, up to [`RETURN_WAIT`], until `dlq` holds `ready` messages ready
+/// again. The broker takes back what a look handed back on its own time:
+/// a count, a listing or a re-drive right after would otherwise miss
+/// them (a re-drive by type once moved none of two).
+async fn until_back(connection: &Connection, dlq: &str, ready: u32) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + RETURN_WAIT;
+    loop {
+        let (depth, _) = inspect_queue(connection, dlq).await?;
+        if depth >= ready || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Which dead letters a re-drive moves: all, one (by message id), or a
@@ -168,6 +189,7 @@ pub async fn redrive_dead_letters(
         channel.basic_nack(tag, requeue).await?;
     }
     channel.close(200, "redrive done".into()).await?;
+    until_back(connection, &dlq, (present - moved) as u32).await?;
     Ok(moved)
 }
 

@@ -13,7 +13,8 @@ use crate::{Error, Result, TenantTx};
 
 use super::ordered::Gate;
 use super::{
-    ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, lock_id, tenant_of,
+    Apply, ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome, Pg, lock_id,
+    tenant_of,
 };
 
 /// The statement parts that advance the lane's progress stripe, per source,
@@ -39,14 +40,16 @@ macro_rules! offsets_ctes {
 }
 pub(super) use offsets_ctes;
 
-impl<H: Handler> Consumer<H> {
-    /// Applies `event` once: aggregate lock, dedup record and offset,
-    /// handler, commit. Safe beside running consumers of the same name (a
-    /// replay, a rebuild).
+impl<A: Apply> Consumer<A> {
+    /// Applies `event` once (in PostgreSQL: aggregate lock, dedup record
+    /// and offset, handler, commit). Safe beside running consumers of the
+    /// same name (a replay, a rebuild).
     pub async fn apply(&self, event: &Envelope) -> Result<Outcome, ApplyError> {
-        self.apply_one(event, Lane::new(0)).await
+        A::one(self, event, Lane::new(0)).await
     }
+}
 
+impl<H: Handler> Consumer<Pg<H>> {
     pub(super) async fn apply_one(
         &self,
         event: &Envelope,
@@ -66,7 +69,7 @@ impl<H: Handler> Consumer<H> {
                 Outcome::Parked
             }
             Some(Gate::Apply) => {
-                self.handler.prepare(&mut tx, &[event]).await?;
+                self.state.handler.prepare(&mut tx, &[event]).await?;
                 self.handle(&mut tx, event).await?;
                 self.before_commit()?;
                 Outcome::Applied
@@ -84,7 +87,7 @@ impl<H: Handler> Consumer<H> {
         error: &HandlerError,
         lane: Lane,
     ) -> Result<Outcome, ApplyError> {
-        let mut tx = TenantTx::begin(&self.pool, tenant_of(event)?).await?;
+        let mut tx = TenantTx::begin(&self.state.pool, tenant_of(event)?).await?;
         let locks = self.lock_keys(&[event]);
         let fresh = self.record(&mut tx, &[event], lane, &locks).await?;
         let outcome = if fresh.is_empty() {
@@ -146,7 +149,7 @@ impl<H: Handler> Consumer<H> {
                 continue;
             }
             let fresh_events: Vec<&Envelope> = to_apply.iter().map(|&i| &group[i].1).collect();
-            self.handler.prepare(&mut tx, &fresh_events).await?;
+            self.state.handler.prepare(&mut tx, &fresh_events).await?;
             for &i in &to_apply {
                 let (delivery, event) = &group[i];
                 let step = apply_span(&self.config, delivery, event);
@@ -166,9 +169,9 @@ impl<H: Handler> Consumer<H> {
     /// guard. Otherwise they are left for [`Self::record`] to take.
     async fn begin(&self, tenant: crate::TenantId, locks: &mut Vec<i64>) -> sqlx::Result<TenantTx> {
         if self.is_ordered() {
-            TenantTx::begin_locked(&self.pool, tenant, &std::mem::take(locks)).await
+            TenantTx::begin_locked(&self.state.pool, tenant, &std::mem::take(locks)).await
         } else {
-            TenantTx::begin(&self.pool, tenant).await
+            TenantTx::begin(&self.state.pool, tenant).await
         }
     }
 
@@ -203,7 +206,8 @@ impl<H: Handler> Consumer<H> {
         let mut keys: Vec<i64> = events
             .iter()
             .filter_map(|e| {
-                self.handler
+                self.state
+                    .handler
                     .lock_key(e)
                     .map(|k| lock_id(&self.config.name, e.tenant_id, &k))
             })
@@ -304,7 +308,7 @@ impl<H: Handler> Consumer<H> {
                 }
             }
         }
-        self.handler.handle(tx, event).await?;
+        self.state.handler.handle(tx, event).await?;
         Ok(())
     }
 }

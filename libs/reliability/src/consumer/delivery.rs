@@ -16,9 +16,9 @@ use crate::outbox::Envelope;
 use crate::supervise::supervise;
 use crate::{Error, Result};
 
-use super::{ApplyError, Consumer, Handler, Lane, Outcome};
+use super::{Apply, ApplyError, Consumer, Lane, Outcome};
 
-impl<H: Handler> Consumer<H> {
+impl<A: Apply> Consumer<A> {
     /// Consumes until `shutdown`, reconnecting after broker or database
     /// outages. Stops between messages, never inside one. Returns an error
     /// only when a fail point fired (the simulated crash).
@@ -35,7 +35,7 @@ impl<H: Handler> Consumer<H> {
         let stop = shutdown.child_token();
         let release = async {
             if self.is_ordered() {
-                self.release_loop(&stop).await;
+                A::release(self, &stop).await;
             }
         };
         // Every lane runs to its own end, closing its channel: a lane
@@ -256,7 +256,7 @@ impl<H: Handler> Consumer<H> {
         if parsed.is_empty() {
             return Ok(true);
         }
-        match self.apply_group(&parsed, lane).await {
+        match A::group(self, &parsed, lane).await {
             Ok(outcomes) => {
                 self.config
                     .fail_points

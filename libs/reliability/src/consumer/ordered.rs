@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use crate::TenantTx;
 use crate::outbox::Envelope;
 
-use super::{ApplyError, Consumer, Handler, Lane};
+use super::{Apply, ApplyError, Consumer, Handler, Lane, Pg};
 
 /// What the gate decided for one fresh event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub(super) const GATE_SQL: &str = concat!(
          FROM ev e JOIN checked c USING (source, aggregate_type, aggregate_id)"
 );
 
-impl<H: Handler> Consumer<H> {
+impl<A: Apply> Consumer<A> {
     pub(super) fn is_ordered(&self) -> bool {
         self.config.queue.is_ordered()
     }
@@ -110,7 +110,9 @@ impl<H: Handler> Consumer<H> {
             .map(|p| spec.partition_queue(p as u16))
             .collect()
     }
+}
 
+impl<H: Handler> Consumer<Pg<H>> {
     /// One statement for one tenant's `events` on an ordered subscription:
     /// the dedup records and the lane's progress (as the order-free record
     /// does), and the gate for the fresh ones. The transaction has held

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::outbox::Envelope;
 use crate::{Result, TenantId, TenantTx};
 
-use super::{Consumer, Handler, HandlerError, lock_id};
+use super::{Consumer, Handler, HandlerError, Pg, lock_id};
 
 /// How often a consumer with an ordered subscription looks for released
 /// aggregates and refreshes its parked gauges.
@@ -184,7 +184,7 @@ enum Step {
     Failed(String),
 }
 
-impl<H: Handler> Consumer<H> {
+impl<H: Handler> Consumer<Pg<H>> {
     /// Until `stop`: refreshes the parked gauges and replays the aggregates
     /// an operator released. A failed look is logged and tried again.
     pub(super) async fn release_loop(&self, stop: &CancellationToken) {
@@ -202,7 +202,7 @@ impl<H: Handler> Consumer<H> {
     async fn release_pass(&self) -> Result<()> {
         let rows: Vec<Overview> = sqlx::query_as("SELECT * FROM parked_overview($1)")
             .bind(&self.config.name)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.state.pool)
             .await?;
         let name = self.config.name.clone();
         let oldest = rows
@@ -234,7 +234,7 @@ impl<H: Handler> Consumer<H> {
                 }
                 Step::Failed(error) => {
                     tracing::error!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, %error, "replaying a parked aggregate failed; it stays parked");
-                    let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+                    let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
                     sqlx::query(
                         "UPDATE parked_aggregates SET error = $5, release_requested_at = NULL
                          WHERE tenant_id = $1 AND consumer = $2 AND source = $3
@@ -258,7 +258,7 @@ impl<H: Handler> Consumer<H> {
     /// Applies the aggregate's first parked event (or, none left, removes
     /// the park), under the same locks a lane takes for it.
     async fn replay_first(&self, tenant: TenantId, r: &Overview) -> Result<Step> {
-        let mut tx = TenantTx::begin(&self.pool, tenant).await?;
+        let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
         // The locks of the event first seen, in the lanes' order; then look
         // again, as the first may have changed meanwhile.
         let mut locks = vec![lock_id(
@@ -268,7 +268,7 @@ impl<H: Handler> Consumer<H> {
         )];
         if let Some(peek) = self.first_parked(&mut tx, r).await? {
             let event: Envelope = serde_json::from_value(peek)?;
-            if let Some(k) = self.handler.lock_key(&event) {
+            if let Some(k) = self.state.handler.lock_key(&event) {
                 locks.push(lock_id(&self.config.name, r.tenant_id, &k));
             }
         }
@@ -295,8 +295,8 @@ impl<H: Handler> Consumer<H> {
         };
         let event: Envelope = serde_json::from_value(raw)?;
         let applied: std::result::Result<(), HandlerError> = async {
-            self.handler.prepare(&mut tx, &[&event]).await?;
-            self.handler.handle(&mut tx, &event).await
+            self.state.handler.prepare(&mut tx, &[&event]).await?;
+            self.state.handler.handle(&mut tx, &event).await
         }
         .await;
         match applied {

@@ -15,9 +15,9 @@ use crate::outbox::Envelope;
 use crate::{Error, Result};
 
 use super::apply::apply_span;
-use super::{ApplyError, Consumer, Handler, HandlerError, Lane};
+use super::{Apply, ApplyError, Consumer, HandlerError, Lane};
 
-impl<H: Handler> Consumer<H> {
+impl<A: Apply> Consumer<A> {
     /// [`Self::settle`] inside the delivery's consume span and trace step.
     pub(super) async fn settle_traced(
         &self,
@@ -45,7 +45,7 @@ impl<H: Handler> Consumer<H> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
         loop {
-            let failure = match self.apply_one(&event, lane).await {
+            let failure = match A::one(self, &event, lane).await {
                 Ok(outcome) => {
                     self.config
                         .fail_points
@@ -59,6 +59,10 @@ impl<H: Handler> Consumer<H> {
             };
             let wait = match &failure {
                 e if e.is_permanent() => None,
+                HandlerError::Unavailable(_) => {
+                    outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
+                    Some(outage_delay)
+                }
                 HandlerError::Database(e) if crate::db::is_retryable_at_no_cost(e) => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)
@@ -75,7 +79,7 @@ impl<H: Handler> Consumer<H> {
             let Some(wait) = wait else {
                 if self.is_ordered() {
                     // Its aggregate waits; the partition's others go on.
-                    let outcome = match self.park_failed(&event, &failure, lane).await {
+                    let outcome = match A::park(self, &event, &failure, lane).await {
                         Ok(outcome) => outcome,
                         Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
                         // Not parked, not acked: the lane reconnects and

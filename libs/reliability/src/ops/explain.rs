@@ -68,8 +68,10 @@ pub struct EventPath {
 pub struct DeliveryAt {
     pub consumer: String,
     /// `applied`, `dead_lettered`, `waiting` (published, not applied:
-    /// in the queue or in a consumer's hands), `not_published`, or
-    /// `unknown` (archived, and its dedup record cleaned up since).
+    /// in the queue or in a consumer's hands), `consumed` (no record in
+    /// PostgreSQL and nothing in the queue: a sink's consumer, ADR 0030,
+    /// took it), `not_published`, or `unknown` (archived, and its dedup
+    /// record cleaned up since).
     pub state: String,
     pub applied_at: Option<DateTime<Utc>>,
 }
@@ -139,7 +141,9 @@ pub async fn explain(
                 continue;
             }
             let delivery = delivery(estate, tenant, event, sub.consumer).await?;
-            if stuck.is_none() && !matches!(delivery.state.as_str(), "applied" | "unknown") {
+            if stuck.is_none()
+                && !matches!(delivery.state.as_str(), "applied" | "consumed" | "unknown")
+            {
                 stuck = Some(format!(
                     "{} {}#{} is {} for {}{}",
                     event.event_type,
@@ -263,6 +267,10 @@ async fn delivery(
         "unknown"
     } else if dead_lettered(estate, consumer, &event.source, event.id).await {
         "dead_lettered"
+    } else if queue_empty(estate, consumer).await {
+        // No record in PostgreSQL, none waiting: a consumer whose state is
+        // elsewhere (a sink, ADR 0030) took it, or one is applying it now.
+        "consumed"
     } else {
         "waiting"
     };
@@ -271,6 +279,16 @@ async fn delivery(
         state: state.to_owned(),
         applied_at,
     })
+}
+
+/// Whether nothing waits in the consumer's queue.
+async fn queue_empty(estate: &Estate, consumer: &str) -> bool {
+    let Some(conn) = &estate.broker else {
+        return false;
+    };
+    broker::inspect_queue(conn, &estate.queue(consumer))
+        .await
+        .is_ok_and(|(ready, _)| ready == 0)
 }
 
 /// Whether the consumer's DLQ holds the event (looks at up to 1000 letters,

@@ -121,7 +121,7 @@ impl Tasks {
 
 /// Starts what `settings.role` asks for on `dbs`: a service's own pools
 /// ([`Databases::connect_lazy`]) or a test's database.
-pub async fn start<X: Args>(
+pub async fn start<X: Args + Clone + Send + Sync>(
     service: &'static Service<X>,
     settings: Settings<X>,
     dbs: Databases,
@@ -135,6 +135,7 @@ pub async fn start<X: Args>(
         migrations: service.migrations,
         routes: service.routes,
         subscriptions: service.subscriptions,
+        own: std::sync::Arc::new(settings.service.clone()),
     };
     launch(spec, dbs, shutdown, |tasks, dbs| {
         (service.consume)(tasks, dbs, &settings)
@@ -144,7 +145,10 @@ pub async fn start<X: Args>(
 
 /// `--openapi` prints the document; otherwise the service's own pools,
 /// and every part its role asks for until SIGTERM (or a part fails).
-pub async fn run<X: Args>(service: &'static Service<X>, settings: Settings<X>) -> Result<()> {
+pub async fn run<X: Args + Clone + Send + Sync>(
+    service: &'static Service<X>,
+    settings: Settings<X>,
+) -> Result<()> {
     if settings.common.openapi {
         let api = openapi(service.name, service.routes);
         println!("{}", serde_json::to_string_pretty(&api)?);
@@ -164,7 +168,7 @@ pub async fn run<X: Args>(service: &'static Service<X>, settings: Settings<X>) -
 }
 
 /// A service binary's whole `main`: logs, settings, [`run`].
-pub async fn main<X: Args>(service: &'static Service<X>) -> Result<()> {
+pub async fn main<X: Args + Clone + Send + Sync>(service: &'static Service<X>) -> Result<()> {
     init_tracing();
     run(service, Settings::from_env(service)).await
 }

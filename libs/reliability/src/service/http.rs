@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, FromRef, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderName, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -18,74 +18,12 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use crate::admission::{AdmissionLimits, Backlog};
-use crate::auth::JwtKeys;
 use crate::health::Health;
 use crate::http::ApiError;
-use crate::idempotency::IdempotencyConfig;
-use crate::rate_limit::{RateLimit, RateLimiter};
 use crate::trace::{self, TraceContext};
 use crate::{Error, Result};
 
 use super::{BODY_LIMIT, CommonSettings};
-
-/// idempotency settings and the token keys. Use it as the router state, or
-/// embed it and delegate `FromRef`.
-#[derive(Debug, Clone)]
-pub struct ApiState {
-    pub pool: PgPool,
-    pub idempotency: IdempotencyConfig,
-    pub jwt: JwtKeys,
-    /// Bounds for the routes a service gates with a [`Backlog`].
-    pub admission: AdmissionLimits,
-}
-
-impl ApiState {
-    pub fn new(pool: PgPool, jwt: JwtKeys) -> Self {
-        Self {
-            idempotency: IdempotencyConfig::new(pool.clone()),
-            pool,
-            jwt,
-            admission: AdmissionLimits::default(),
-        }
-    }
-
-    #[must_use]
-    pub fn with_admission(mut self, limits: AdmissionLimits) -> Self {
-        self.admission = limits;
-        self
-    }
-
-    /// The gate of a route whose work the pipeline decides later, counted
-    /// by the service's `sql` (see [`Backlog`]); layer it on that route.
-    pub fn backlog(&self, sql: &'static str) -> axum::Extension<Backlog> {
-        axum::Extension(Backlog::new(self.pool.clone(), self.admission.clone(), sql))
-    }
-
-    #[must_use]
-    pub fn with_rate_limit(mut self, limit: RateLimit) -> Self {
-        self.idempotency.rate_limit = RateLimiter::new(limit);
-        self
-    }
-}
-
-impl FromRef<ApiState> for IdempotencyConfig {
-    fn from_ref(s: &ApiState) -> Self {
-        s.idempotency.clone()
-    }
-}
-
-impl FromRef<ApiState> for JwtKeys {
-    fn from_ref(s: &ApiState) -> Self {
-        s.jwt.clone()
-    }
-}
-
-impl FromRef<ApiState> for PgPool {
-    fn from_ref(s: &ApiState) -> Self {
-        s.pool.clone()
-    }
-}
 
 /// Binds the HTTP listener (port 0 picks a free port: tests).
 pub async fn bind(common: &CommonSettings, port: u16) -> Result<TcpListener> {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::broker::Subscription;
-use crate::consumer::{Consumer, Handler};
+use crate::consumer::{Apply, Consumer};
 use crate::health::Health;
 use crate::maintenance::{self, MaintenanceConfig};
 use crate::relay::{Relay, RelayConfig};
@@ -107,7 +107,7 @@ impl Tasks {
         Ok(())
     }
 
-    pub fn spawn_consumer<H: Handler>(&mut self, consumer: Consumer<H>) {
+    pub fn spawn_consumer<A: Apply>(&mut self, consumer: Consumer<A>) {
         let consumer = consumer.with_health(self.health());
         let stop = self.shutdown.clone();
         let name = format!("consumer {}", consumer.config().name);
@@ -150,6 +150,8 @@ pub struct ServiceSpec<'a> {
     /// Every subscriber queue its relay must see exist before it publishes
     /// (the commerce services: `contracts::topology::ALL`).
     pub subscriptions: &'static [Subscription],
+    /// The service's own settings, handed to its routes ([`ApiState::own`]).
+    pub own: std::sync::Arc<dyn std::any::Any + Send + Sync>,
 }
 
 /// A started service: its ports and its tasks.
@@ -215,7 +217,8 @@ pub async fn launch(
         port = local_port(&listener)?;
         let state = ApiState::new(dbs.app.clone(), jwt)
             .with_rate_limit(common.rate_limit())
-            .with_admission(common.admission()?);
+            .with_admission(common.admission()?)
+            .with_own(spec.own.clone());
         let (routes, mut api) = (spec.routes)(state).split_for_parts();
         document(&mut api, spec.name);
         let api = std::sync::Arc::new(api);

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{TestDb, amqp_url, delete_broker_objects, unique, wait_until};
 use crate::broker::{self, QueueSpec};
-use crate::consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler};
+use crate::consumer::{Apply, Consumer, ConsumerConfig, ConsumerStats, Handler};
 use crate::outbox::Envelope;
 
 /// What to apply and what state to compare.
@@ -87,6 +87,28 @@ async fn compete<H: Handler>(
 ) -> (Vec<String>, ConsumerStats) {
     let competing = TestDb::with_migrations(check.migrations).await;
     seed(&competing, check.seed).await;
+    let stats = race(check.consumer, &check.waves, round, |config| {
+        Consumer::new(competing.app.clone(), &amqp_url(), config, handler())
+    })
+    .await;
+    let actual = state(&competing, check.state).await;
+    competing.cleanup().await;
+    (actual, stats)
+}
+
+/// Delivers `waves` to three consumers built by `consumer` (two lanes each,
+/// small groups) competing on one queue of their own: each wave shuffled,
+/// each event one to three times, the next wave once the last settled.
+/// Returns what they counted. The same `round` gives the same shuffle.
+/// For a handler, [`assert_competing_appliers_agree`] compares the state
+/// this leaves with one applier's in order; a [`crate::consumer::Sink`]
+/// compares its own store's.
+pub async fn race<A: Apply>(
+    name: &str,
+    waves: &[Vec<Envelope>],
+    round: u64,
+    consumer: impl Fn(ConsumerConfig) -> Consumer<A>,
+) -> ConsumerStats {
     let exchange = unique("reltest.appliers.x.");
     let queue = unique("reltest.appliers.q.");
     let conn = broker::connect(&amqp_url(), "reliability-tests-appliers")
@@ -97,7 +119,7 @@ async fn compete<H: Handler>(
         .confirm_select(ConfirmSelectOptions { nowait: false })
         .await
         .unwrap();
-    let mut config = ConsumerConfig::new(check.consumer, &exchange, &[]);
+    let mut config = ConsumerConfig::new(name, &exchange, &[]);
     config.queue = QueueSpec::new(&queue, &exchange, &[]);
     config.lanes = 2;
     config.prefetch = 8;
@@ -108,16 +130,7 @@ async fn compete<H: Handler>(
         .unwrap();
 
     let stop = CancellationToken::new();
-    let consumers: Vec<_> = (0..3)
-        .map(|_| {
-            Arc::new(Consumer::new(
-                competing.app.clone(),
-                &amqp_url(),
-                config.clone(),
-                handler(),
-            ))
-        })
-        .collect();
+    let consumers: Vec<_> = (0..3).map(|_| Arc::new(consumer(config.clone()))).collect();
     let tasks: Vec<_> = consumers
         .iter()
         .map(|c| {
@@ -128,7 +141,7 @@ async fn compete<H: Handler>(
 
     let mut rng = 0x9E37_79B9_7F4A_7C15_u64 ^ (round + 1).wrapping_mul(0xA076_1D64_78BD_642F);
     let mut delivered = 0u64;
-    for wave in &check.waves {
+    for wave in waves {
         let mut deliveries = Vec::new();
         for event in wave {
             for _ in 0..=next(&mut rng) % 3 {
@@ -167,14 +180,11 @@ async fn compete<H: Handler>(
         task.await.unwrap().unwrap();
     }
     let _ = conn.close(200, "appliers check done".into()).await;
-    let stats = total(&consumers);
-    let actual = state(&competing, check.state).await;
     delete_broker_objects(&[queue], &exchange).await;
-    competing.cleanup().await;
-    (actual, stats)
+    total(&consumers)
 }
 
-fn total(consumers: &[Arc<Consumer<impl Handler>>]) -> ConsumerStats {
+fn total(consumers: &[Arc<Consumer<impl Apply>>]) -> ConsumerStats {
     consumers
         .iter()
         .map(|c| c.stats())

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reliability::Error;
 use reliability::broker;
-use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats};
+use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats, Pg};
 use reliability::failpoint::{self, Action};
 use reliability::testing::{TestDb, amqp_url, unique, wait_until};
 use tokio::task::JoinHandle;
@@ -34,7 +34,7 @@ async fn setup() -> (TestDb, Broker, ConsumerConfig) {
 
 type Running = (
     CancellationToken,
-    Arc<Consumer<AddingHandler>>,
+    Arc<Consumer<Pg<AddingHandler>>>,
     JoinHandle<reliability::Result<()>>,
 );
 

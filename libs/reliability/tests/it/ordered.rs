@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reliability::broker::QueueSpec;
-use reliability::consumer::{self, Consumer, ConsumerConfig, Handler, HandlerError};
+use reliability::consumer::{self, Consumer, ConsumerConfig, Handler, HandlerError, Pg};
 use reliability::failpoint::{self, Action};
 use reliability::outbox::{self, Envelope, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
@@ -149,7 +149,7 @@ fn run_consumer(
     cfg: ConsumerConfig,
     handler: Recording,
     stop: &CancellationToken,
-) -> (Arc<Consumer<Recording>>, Task) {
+) -> (Arc<Consumer<Pg<Recording>>>, Task) {
     let consumer = Arc::new(Consumer::new(db.app.clone(), &amqp_url(), cfg, handler));
     let task = tokio::spawn({
         let (consumer, stop) = (consumer.clone(), stop.clone());

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use contracts::event;
 use inventory::stock::{CONSUMER, Stock};
-use reliability::consumer::{Consumer, ConsumerConfig};
+use reliability::consumer::{Consumer, ConsumerConfig, Pg};
 use reliability::outbox::Envelope;
 use reliability::testing::amqp_url;
 use serde_json::{Value, json};
@@ -34,7 +34,7 @@ fn placed(id: i64, order_id: i64, lines: Value) -> Envelope {
     )
 }
 
-fn consumer(app: &TestApp) -> Consumer<Stock> {
+fn consumer(app: &TestApp) -> Consumer<Pg<Stock>> {
     Consumer::new(
         app.db.app.clone(),
         &amqp_url(),

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 /// The services `make up` runs with a database, in the order of the saga.
-pub const SERVICES: &[&str] = &["orders", "inventory", "payments", "projection"];
+pub const SERVICES: &[&str] = &["orders", "inventory", "payments", "projection", "graph"];
 
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 

@@ -12,7 +12,7 @@ struct Parking {
     spec: QueueSpec,
     stop: CancellationToken,
     relay: Task,
-    consumer: Arc<Consumer<Recording>>,
+    consumer: Arc<Consumer<Pg<Recording>>>,
     task: Task,
     name: String,
     handler: Recording,

@@ -1,0 +1,185 @@
+//! The graph's routes: what each answers, and that no token, path or
+//! parameter reaches another tenant's nodes.
+
+use std::sync::Arc;
+
+use graph::store::Store;
+use graph::{GraphSettings, SERVICE, Settings};
+use reliability::consumer::ConsumerConfig;
+use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::testing::{ApiClient, TestDb, unique};
+use serde_json::{Value, json};
+
+use super::{CONSUMER, commerce, consumer, graph_url, store};
+
+/// The service serving `store`'s graph, with `commerce()` applied.
+async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
+    let store = store();
+    let edges = consumer(&store, ConsumerConfig::new(CONSUMER, "", &[]));
+    for e in commerce() {
+        edges.apply(&e).await.unwrap();
+    }
+    let db = TestDb::with_migrations(&graph::MIGRATIONS).await;
+    let mut common = CommonSettings::local();
+    common.exchange = unique("reltest.graph.");
+    let jwt = common.jwt_keys();
+    let mut settings = Settings {
+        role: Role::Serve,
+        ..Settings::local(common)
+    };
+    settings.service = GraphSettings {
+        graph_url: graph_url(),
+        graph_name: store.name().to_owned(),
+        rebuild_from: Vec::new(),
+    };
+    let stop = ShutdownToken::new();
+    let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
+        .await
+        .unwrap();
+    let api = ApiClient::new(app.port(), jwt);
+    tokio::spawn(app.run_until_stopped());
+    (api, store, db, stop)
+}
+
+#[tokio::test]
+async fn each_question_answers_from_the_tenants_own_graph() {
+    let (api, store, db, stop) = spawn().await;
+
+    let (status, body) = api.get(1, "/graph/orders/2").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({
+            "order_id": 2, "status": "cancelled", "customer_id": "c1", "currency": "EUR",
+            "total_cents": 1000, "reserved": true,
+            "lines": [
+                {"sku": "B", "quantity": 1, "unit_price_cents": 100, "reserved": true, "released": true},
+                {"sku": "C", "quantity": 4, "unit_price_cents": 100, "reserved": true, "released": true},
+            ],
+            "payments": [{"payment_id": 12, "status": "failed", "amount_cents": null, "refunds": []}],
+        })
+    );
+    let (_, body) = api.get(1, "/graph/orders/1").await;
+    assert_eq!(body["status"], "confirmed");
+    assert_eq!(
+        body["payments"],
+        json!([{"payment_id": 11, "status": "captured", "amount_cents": 1000,
+                "refunds": [{"refund_id": 5, "amount_cents": 300}]}])
+    );
+    // Order 4 names A on two lines: one edge, the quantities added.
+    let (_, body) = api.get(1, "/graph/orders/4").await;
+    assert_eq!(body["lines"][0]["quantity"], 3, "{body}");
+
+    // c1 bought A and B (order 1) and B and C (order 2); c2 bought A and D.
+    let (status, body) = api.get(1, "/graph/products/B/co-purchased").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"sku": "B", "products": [{"sku": "A", "customers": 1}, {"sku": "C", "customers": 1}]})
+    );
+    let (_, body) = api.get(1, "/graph/products/A/co-purchased?limit=1").await;
+    assert_eq!(
+        body["products"],
+        json!([{"sku": "B", "customers": 1}]),
+        "{body}"
+    );
+
+    // A is in orders 1 (confirmed), 3 (cancelled) and 4 (open, reserved).
+    let (status, body) = api.get(1, "/graph/products/A/open-orders").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"sku": "A", "orders": [{"order_id": 4, "quantity": 3, "reserved": true}]})
+    );
+    let (_, body) = api.get(1, "/graph/products/D/open-orders").await;
+    assert_eq!(body, json!({"sku": "D", "orders": []}));
+
+    stop.cancel();
+    store.delete().await.unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn no_token_path_or_parameter_reaches_another_tenants_nodes() {
+    let (api, store, db, stop) = spawn().await;
+
+    // Tenant 2 has an order 1 of its own, and sees only it.
+    let (status, body) = api.get(2, "/graph/orders/1").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["lines"],
+        json!([{"sku": "A", "quantity": 9, "unit_price_cents": 100,
+                                        "reserved": true, "released": false}])
+    );
+    assert_eq!(
+        body["payments"],
+        json!([]),
+        "tenant 1's payment of its order 1 stays its own"
+    );
+    // What only tenant 1 has looks like what nobody has.
+    for path in [
+        "/graph/orders/2",
+        "/graph/orders/4",
+        "/graph/products/B/co-purchased",
+        "/graph/products/C/open-orders",
+    ] {
+        let (status, body) = api.get(2, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "not_found", "{path}");
+    }
+    let (_, body) = api.get(2, "/graph/products/A/co-purchased").await;
+    assert_eq!(
+        body,
+        json!({"sku": "A", "products": []}),
+        "tenant 2's A, alone"
+    );
+    let (_, body) = api.get(2, "/graph/products/A/open-orders").await;
+    assert_eq!(
+        body["orders"],
+        json!([{"order_id": 1, "quantity": 9, "reserved": true}])
+    );
+
+    // Cypher in the path or the query is a value, never a statement.
+    for path in [
+        "/graph/orders/1%20OR%201=1",
+        "/graph/orders/2%7D)%20MATCH%20(n)%20RETURN%20n%20//",
+        "/graph/orders/-1",
+        "/graph/products/B'%7D)--(n)RETURN(n)//'/open-orders",
+        "/graph/products/B%5C'/co-purchased",
+        "/graph/products/$tenant/open-orders",
+    ] {
+        let (status, body) = api.get(2, path).await;
+        assert!(matches!(status, 404 | 422), "{path}: {status} {body}");
+        assert!(!body.to_string().contains("\"C\""), "{path} leaked: {body}");
+    }
+    let (status, body) = api.get(2, "/graph/products/A%20B/open-orders").await;
+    assert_eq!(status, 404, "not a sku: no product: {body}");
+    for limit in [
+        "0",
+        "101",
+        "-1",
+        "1%20RETURN%201",
+        "9223372036854775808",
+        "x",
+        "1&limit=2",
+    ] {
+        let path = format!("/graph/products/A/co-purchased?limit={limit}");
+        let (status, body) = api.get(1, &path).await;
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (422, json!("invalid_request")),
+            "limit={limit}"
+        );
+    }
+
+    // Without a token, nothing.
+    let anonymous = reqwest::get(format!("{}/graph/orders/1", api.url))
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let _: Value = anonymous.json().await.unwrap();
+
+    stop.cancel();
+    store.delete().await.unwrap();
+    db.cleanup().await;
+}

@@ -1,0 +1,183 @@
+//! Each event changes the graph once, whatever the delivery: competing
+//! consumers, shuffled and repeated deliveries, and a crash between the
+//! graph's write and the broker's ack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::options::BasicPublishOptions;
+use reliability::broker::{self, QueueSpec};
+use reliability::consumer::{ConsumerConfig, Outcome};
+use reliability::failpoint::{self, Action, FailPoints};
+use reliability::testing::{amqp_url, delete_broker_objects, race, unique, wait_until};
+use reliability::{Error, TenantId};
+use tokio_util::sync::CancellationToken;
+
+use super::{CONSUMER, commerce, consumer, dump, line, placed, store};
+use graph::store::{Cypher, Params, Store};
+
+#[tokio::test]
+async fn competing_consumers_with_shuffled_repeated_deliveries_build_the_graph_one_in_order_builds()
+{
+    let events = commerce();
+    let in_order = store();
+    let single = consumer(&in_order, ConsumerConfig::new(CONSUMER, "", &[]));
+    for e in &events {
+        assert_eq!(
+            single.apply(e).await.unwrap(),
+            Outcome::Applied,
+            "{}",
+            e.message_id()
+        );
+    }
+    for e in &events {
+        assert_eq!(
+            single.apply(e).await.unwrap(),
+            Outcome::Duplicate,
+            "{}",
+            e.message_id()
+        );
+    }
+    let expected = (dump(&in_order, 1).await, dump(&in_order, 2).await);
+    for edge in [
+        "\"PLACED\"",
+        "\"CONTAINS\"",
+        "\"RESERVED\"",
+        "\"RELEASED\"",
+        "\"PAID_BY\"",
+        "\"REFUNDED\"",
+    ] {
+        assert!(
+            expected.0.iter().any(|r| r.contains(edge)),
+            "tenant 1 has a {edge} edge: {expected:#?}"
+        );
+    }
+
+    for round in 0..3 {
+        let competing = store();
+        let waves = [events.clone()];
+        let stats = race(CONSUMER, &waves, round, |config| {
+            consumer(&competing, config)
+        })
+        .await;
+        assert_eq!(
+            (stats.applied, stats.dead_lettered),
+            (events.len() as u64, 0),
+            "round {round}: each event applied once: {stats:?}"
+        );
+        let actual = (dump(&competing, 1).await, dump(&competing, 2).await);
+        assert_eq!(
+            actual, expected,
+            "round {round}: competing (left) and in order (right) differ"
+        );
+        competing.delete().await.unwrap();
+    }
+    in_order.delete().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_crash_between_the_graphs_write_and_the_ack_counts_nothing_twice() {
+    let store = store();
+    let exchange = unique("reltest.graph.x.");
+    let queue = unique("reltest.graph.q.");
+    let mut config = ConsumerConfig::new(CONSUMER, &exchange, &[]);
+    config.queue = QueueSpec::new(&queue, &exchange, &[]);
+    let conn = broker::connect(&amqp_url(), "graph-tests").await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    broker::declare_queue(&channel, &config.queue)
+        .await
+        .unwrap();
+    let order = placed(
+        1,
+        1,
+        1,
+        "c1",
+        serde_json::json!([line("A", 2), line("B", 1)]),
+    );
+    channel
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            &serde_json::to_vec(&order).unwrap(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    config.fail_points = FailPoints::none();
+    config
+        .fail_points
+        .arm(failpoint::CONSUMER_AFTER_COMMIT, Action::Error);
+    let crashing = consumer(&store, config.clone());
+    let result = crashing.run(CancellationToken::new()).await;
+    assert!(
+        matches!(
+            result,
+            Err(Error::FailPoint(failpoint::CONSUMER_AFTER_COMMIT))
+        ),
+        "{result:?}"
+    );
+    let once = counts(&store).await;
+    assert_eq!(
+        once,
+        (vec![("A".into(), 2), ("B".into(), 1)], 1, 2),
+        "written before the crash"
+    );
+
+    // Unacked, so handed back: the restarted consumer finds its checkpoint.
+    config.fail_points = FailPoints::none();
+    let restarted = Arc::new(consumer(&store, config));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (c, stop) = (restarted.clone(), stop.clone());
+        async move { c.run(stop).await }
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the redelivery settled",
+        || async { restarted.stats().finished() == 1 },
+    )
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let stats = restarted.stats();
+    assert_eq!((stats.applied, stats.duplicates), (0, 1), "{stats:?}");
+    assert_eq!(counts(&store).await, once, "the redelivery changed nothing");
+
+    let _ = conn.close(200, "done".into()).await;
+    delete_broker_objects(&[queue], &exchange).await;
+    store.delete().await.unwrap();
+}
+
+/// Units ordered per sku, customer c1's orders, and CONTAINS edges, of tenant 1.
+async fn counts(store: &Store) -> (Vec<(String, i64)>, i64, i64) {
+    const UNITS: Cypher = Cypher(
+        "MATCH (p:Product {tenant: $tenant}) RETURN p.sku AS sku, p.units_ordered AS units ORDER BY sku",
+    );
+    const ORDERS: Cypher =
+        Cypher("MATCH (c:Customer {tenant: $tenant, id: 'c1'}) RETURN c.orders AS orders");
+    const EDGES: Cypher = Cypher(
+        "MATCH (:Order {tenant: $tenant})-[r:CONTAINS]->(:Product {tenant: $tenant}) RETURN count(r) AS edges",
+    );
+    let one = TenantId::new(1).unwrap();
+    let run = |cypher| store.run(one, cypher, Params::new());
+    let units = run(UNITS)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                r["sku"].as_str().unwrap().to_owned(),
+                r["units"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let first = |rows: Vec<graph::store::Row>, column: &str| rows[0][column].as_i64().unwrap_or(-1);
+    let orders = first(run(ORDERS).await.unwrap(), "orders");
+    let edges = first(run(EDGES).await.unwrap(), "edges");
+    (units, orders, edges)
+}
