@@ -11,6 +11,7 @@ pub mod apply;
 mod error;
 pub mod http;
 pub mod rebuild;
+pub mod schema;
 pub mod store;
 
 use std::sync::Arc;

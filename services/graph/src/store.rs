@@ -80,7 +80,8 @@ impl From<FalkorDBError> for StoreError {
 }
 
 /// The graph `name` on the FalkorDB server at `url` (`falkor://host:port`),
-/// connected on first use: a process starts while the server does.
+/// connected on first use (a process starts while the server does), its
+/// schema declared before its first statement ([`crate::schema`]).
 pub struct Store {
     url: String,
     name: String,
@@ -114,6 +115,7 @@ impl Store {
                     .with_response_timeout(Some(RESPONSE_TIMEOUT))
                     .build()
                     .await?;
+                crate::schema::declare(&mut self.redis().await?, &self.name).await?;
                 Ok(client.select_graph(&self.name))
             })
             .await
@@ -174,16 +176,7 @@ impl Store {
     /// `name` meets this one from its next statement). A graph nothing was
     /// ever written to does not exist: `name` is emptied instead.
     pub async fn replace(&self, name: &str) -> Result<(), StoreError> {
-        let url =
-            self.url
-                .replacen("falkor://", "redis://", 1)
-                .replacen("falkors://", "rediss://", 1);
-        let client = redis::Client::open(url).map_err(|e| StoreError::Query(e.to_string()))?;
-        let mut conn =
-            tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
-                .await
-                .map_err(|_| StoreError::Unavailable("connect timed out".into()))?
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut conn = self.redis().await?;
         let renamed: redis::RedisResult<()> = redis::cmd("RENAME")
             .arg(&self.name)
             .arg(name)
@@ -201,6 +194,20 @@ impl Store {
             }
             Err(e) => Err(StoreError::Query(e.to_string())),
         }
+    }
+
+    /// A plain Redis connection to the server, for what the graph client
+    /// does not offer (constraints, RENAME).
+    async fn redis(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
+        let url =
+            self.url
+                .replacen("falkor://", "redis://", 1)
+                .replacen("falkors://", "rediss://", 1);
+        let client = redis::Client::open(url).map_err(|e| StoreError::Query(e.to_string()))?;
+        tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
+            .await
+            .map_err(|_| StoreError::Unavailable("connect timed out".into()))?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 
     /// Deletes the whole graph (a test's, or a rebuild's old copy).

@@ -8,13 +8,14 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use reliability::broker::{self, QueueSpec};
-use reliability::consumer::{ConsumerConfig, Outcome};
+use reliability::consumer::{ConsumerConfig, Outcome, Sink};
 use reliability::failpoint::{self, Action, FailPoints};
 use reliability::testing::{amqp_url, delete_broker_objects, race, unique, wait_until};
 use reliability::{Error, TenantId};
 use tokio_util::sync::CancellationToken;
 
-use super::{CONSUMER, commerce, consumer, dump, line, placed, store};
+use super::{CONSUMER, commerce, consumer, dump, graph_url, line, placed, store};
+use graph::apply::Edges;
 use graph::store::{Cypher, Params, Store};
 
 #[tokio::test]
@@ -74,6 +75,68 @@ async fn competing_consumers_with_shuffled_repeated_deliveries_build_the_graph_o
         competing.delete().await.unwrap();
     }
     in_order.delete().await.unwrap();
+}
+
+/// Two replicas' first statements, on a graph that has none yet: FalkorDB
+/// plans a statement before it takes the write lock, and a label it does
+/// not know yet plans as "no node", so without the schema declared first
+/// both missed the checkpoint and both applied (docs/adr/0030).
+#[tokio::test]
+async fn two_replicas_of_one_event_on_a_fresh_graph_apply_it_once() {
+    let event = placed(1, 1, 1, "c1", serde_json::json!([line("A", 2)]));
+    for attempt in 0..20 {
+        let name = unique("graphtest.");
+        let replicas = [
+            Arc::new(Store::new(&graph_url(), &name)),
+            Arc::new(Store::new(&graph_url(), &name)),
+        ];
+        let [a, b] = replicas.clone().map(|store| Edges::new(store, CONSUMER));
+        let one = [&event];
+        let (x, y) = tokio::join!(a.apply(&one), b.apply(&one));
+        let mut outcomes = [x.unwrap()[0], y.unwrap()[0]];
+        outcomes.sort_by_key(|o| *o != Outcome::Applied);
+        assert_eq!(
+            outcomes,
+            [Outcome::Applied, Outcome::Duplicate],
+            "attempt {attempt}"
+        );
+        assert_eq!(
+            counts(&replicas[0]).await,
+            (vec![("A".into(), 2)], 1, 1),
+            "attempt {attempt}: counted once"
+        );
+        replicas[0].delete().await.unwrap();
+    }
+}
+
+/// The key of each label is unique in the graph: a second node of one key
+/// is a refused write, never a second count.
+#[tokio::test]
+async fn the_graph_refuses_a_second_node_of_one_key() {
+    const CONSTRAINTS: Cypher = Cypher(
+        "CALL db.constraints() YIELD label, status WHERE status = 'OPERATIONAL' RETURN count(label) AS n",
+    );
+    const CHECKPOINT: Cypher = Cypher(
+        "CREATE (:Checkpoint {tenant: $tenant, consumer: 'c', source: 's', aggregate: 'order:1'})",
+    );
+    let store = store();
+    let one = TenantId::new(1).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "every label's constraint is in force",
+        || async {
+            let rows = store.run(one, CONSTRAINTS, Params::new()).await.unwrap();
+            rows[0]["n"].as_i64() == Some(graph::schema::KEYS.len() as i64)
+        },
+    )
+    .await;
+    store.run(one, CHECKPOINT, Params::new()).await.unwrap();
+    let second = store.run(one, CHECKPOINT, Params::new()).await;
+    assert!(
+        matches!(&second, Err(graph::store::StoreError::Query(e)) if e.contains("constraint")),
+        "{second:?}"
+    );
+    store.delete().await.unwrap();
 }
 
 #[tokio::test]
