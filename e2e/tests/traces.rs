@@ -89,7 +89,7 @@ async fn one_order_is_one_trace_across_the_five_services() {
     .unwrap();
     let trace_id = placed.split('-').nth(1).unwrap().to_owned();
 
-    let wanted: [(&str, &str); 9] = [
+    let wanted: [(&str, &str); 10] = [
         ("orders", "post /orders"),
         ("orders", "enqueue orderplaced"),
         ("orders", "publish orderplaced"),
@@ -99,6 +99,7 @@ async fn one_order_is_one_trace_across_the_five_services() {
         ("orders", "apply paymentcaptured"),
         ("orders", "publish orderconfirmed"),
         ("projection", "apply orderconfirmed"),
+        ("graph", "apply orderplaced"),
     ];
     let trace = |inbox: &Inbox| -> Vec<Received> {
         let all = inbox.lock().unwrap();

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::outbox::Envelope;
 use crate::{Error, Result};
 
+use super::apply::apply_span;
 use super::{ApplyError, Consumer, ConsumerConfig, Handler, HandlerError, Lane, Outcome};
 
 /// A [`Handler`]'s state in PostgreSQL: each event's dedup record, effect
@@ -103,7 +104,21 @@ impl<S: Sink> Apply for S {
         _: Lane,
     ) -> Result<Vec<Outcome>, ApplyError> {
         let events: Vec<&Envelope> = group.iter().map(|(_, e)| e).collect();
-        let outcomes = c.state.apply(&events).await?;
+        // One step per event, as the one-at-a-time way traces it; the
+        // sink's one call is all of theirs.
+        let mut steps: Vec<_> = group
+            .iter()
+            .map(|(delivery, event)| apply_span(&c.config, delivery, event))
+            .collect();
+        let outcomes = match c.state.apply(&events).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                for step in &mut steps {
+                    step.fail(&e);
+                }
+                return Err(e.into());
+            }
+        };
         if outcomes.len() != events.len() {
             let why = format!(
                 "a sink answered {} outcomes for {} events",
