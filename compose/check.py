@@ -16,6 +16,14 @@ for entry in native:
         errors.append(f"{name} runs in `make up` but is not in the compose file")
     elif not any(p.endswith(f":{port}") for p in services[name].get("ports", [])):
         errors.append(f"{name}: port {port} not published")
+# Every binary a service of the image runs is one the Dockerfile copies in.
+dockerfile = (root / "compose/Dockerfile").read_text()
+copied = set(re.findall(r"target/release/([a-z-]+)", dockerfile))
+for name, service in services.items():
+    command = service.get("command")
+    if isinstance(command, list) and command and service.get("image") == compose["x-service"]["image"]:
+        if command[0] not in copied:
+            errors.append(f"{name} runs `{command[0]}`, which compose/Dockerfile does not copy into the image")
 for dep in ("postgres", "rabbitmq", "setup", "prometheus", "alertmanager", "grafana"):
     if dep not in services:
         errors.append(f"compose file lacks {dep}")

@@ -17,14 +17,21 @@ use serde_json::{Value, json};
 use crate::store::{Cypher, Params, Store, StoreError};
 
 /// The checkpoint, then the event's change, then whether it was applied
-/// (1) or already seen (0): every change keeps its one row.
+/// (1) or already seen (0): every change keeps its one row. Each read of
+/// a property that a write depends on is in that write's own SET (`fresh`
+/// is written, then used): Neo4j locks a node before such a read, where a
+/// value read by an earlier clause could be stale by the write (read
+/// committed). FalkorDB runs a graph's writes one at a time anyway, but
+/// folds adjacent SET clauses into one (the second would not see the
+/// first's `fresh`), hence the `WITH k` between them.
 macro_rules! once {
     ($change:expr) => {
         Cypher(concat!(
             "MERGE (k:Checkpoint {tenant: $tenant, consumer: $consumer, source: $source, aggregate: $aggregate})
-             WITH k, $message IN coalesce(k.messages, []) AS seen
-             SET k.messages = CASE WHEN seen THEN k.messages ELSE coalesce(k.messages, []) + [$message] END
-             WITH seen WHERE NOT seen
+             SET k.fresh = NOT ($message IN coalesce(k.messages, []))
+             WITH k
+             SET k.messages = CASE WHEN k.fresh THEN coalesce(k.messages, []) + [$message] ELSE k.messages END
+             WITH k.fresh AS fresh WHERE fresh
              MERGE (:Tenant {tenant: $tenant})
              ",
             $change,
@@ -94,9 +101,8 @@ const INVENTORY_REJECTED: Cypher = once!(
 /// adjustment of a product, taken one at a time under its row's lock).
 const STOCK_ADJUSTED: Cypher = once!(
     "MERGE (p:Product {tenant: $tenant, sku: $sku})
-     WITH p, coalesce(p.on_hand_message, 0) < $message AS newer
-     SET p.on_hand = CASE WHEN newer THEN $on_hand ELSE p.on_hand END,
-         p.on_hand_message = CASE WHEN newer THEN $message ELSE p.on_hand_message END"
+     SET p.on_hand = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $on_hand ELSE p.on_hand END
+     SET p.on_hand_message = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $message ELSE p.on_hand_message END"
 );
 
 const PAYMENT_CAPTURED: Cypher = once!(

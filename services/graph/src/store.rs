@@ -1,22 +1,24 @@
-//! The graph store: one FalkorDB graph, reached only through
-//! [`Store::run`], which scopes every statement to one tenant. A statement
-//! is a [`Cypher`] constant whose every node pattern names
-//! `tenant: $tenant`, and `$tenant` is always the caller's [`TenantId`]:
-//! a route has its token's, the consumer the event's. Edges are only ever
-//! made between nodes of one event's tenant, so no walk leaves it.
+//! The graph store: one graph, reached only through [`Store::run`], which
+//! scopes every statement to one tenant. A statement is a [`Cypher`]
+//! constant whose every node pattern names `tenant: $tenant`, and
+//! `$tenant` is always the caller's [`TenantId`]: a route has its token's,
+//! the consumer the event's. Edges are only ever made between nodes of one
+//! event's tenant, so no walk leaves it.
 //!
-//! The Cypher is the subset Neo4j also accepts (MERGE, MATCH, SET,
-//! FOREACH, pattern comprehensions, parameters; no procedures), so another
-//! engine needs another connection, not other statements.
+//! The engine is FalkorDB (`falkor://`), or Neo4j (`bolt://`, `neo4j://`)
+//! when built with the `neo4j` feature. The Cypher is the subset both
+//! accept (MERGE, MATCH, SET, FOREACH, pattern comprehensions, parameters;
+//! no procedures), so an engine is a connection, not other statements.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use falkordb::{AsyncGraph, FalkorClientBuilder, FalkorConnectionInfo, FalkorDBError, FalkorValue};
-use futures_util::TryStreamExt;
 use reliability::TenantId;
 use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
+
+mod falkor;
+#[cfg(feature = "neo4j")]
+mod neo4j;
 
 /// How long a statement may take before the store counts as unavailable;
 /// a write waits its turn behind the graph's other writes.
@@ -51,41 +53,20 @@ pub enum StoreError {
     Unscoped(String),
 }
 
-impl From<FalkorDBError> for StoreError {
-    fn from(e: FalkorDBError) -> Self {
-        let text = e.to_string();
-        let lost = matches!(
-            e,
-            FalkorDBError::ConnectionDown
-                | FalkorDBError::NoConnection
-                | FalkorDBError::EmptyConnection
-                | FalkorDBError::Timeout { .. }
-        ) || [
-            "refused",
-            "broken pipe",
-            "reset",
-            "closed",
-            "timed out",
-            "LOADING",
-            "os error",
-        ]
-        .iter()
-        .any(|s| text.contains(s));
-        if lost {
-            Self::Unavailable(text)
-        } else {
-            Self::Query(text)
-        }
-    }
+enum Engine {
+    Falkor(falkor::Falkor),
+    #[cfg(feature = "neo4j")]
+    Neo4j(neo4j::Neo4j),
 }
 
-/// The graph `name` on the FalkorDB server at `url` (`falkor://host:port`),
-/// connected on first use (a process starts while the server does), its
-/// schema declared before its first statement ([`crate::schema`]).
+/// The graph `name` on the server at `url` (`falkor://host:port`, or with
+/// the `neo4j` feature `bolt://user:password@host:port`), connected on
+/// first use (a process starts while the server does), its schema
+/// declared before its first statement ([`crate::schema`]).
 pub struct Store {
     url: String,
     name: String,
-    graph: OnceCell<AsyncGraph>,
+    engine: OnceCell<Engine>,
 }
 
 impl Store {
@@ -93,7 +74,7 @@ impl Store {
         Self {
             url: url.to_owned(),
             name: name.to_owned(),
-            graph: OnceCell::new(),
+            engine: OnceCell::new(),
         }
     }
 
@@ -101,25 +82,28 @@ impl Store {
         &self.name
     }
 
-    async fn graph(&self) -> Result<AsyncGraph, StoreError> {
-        self.graph
+    async fn engine(&self) -> Result<&Engine, StoreError> {
+        self.engine
             .get_or_try_init(|| async {
-                let info: FalkorConnectionInfo = self
-                    .url
-                    .as_str()
-                    .try_into()
-                    .map_err(|e: FalkorDBError| StoreError::Query(e.to_string()))?;
-                let client = FalkorClientBuilder::new_async()
-                    .with_connection_info(info)
-                    .with_connect_timeout(Some(CONNECT_TIMEOUT))
-                    .with_response_timeout(Some(RESPONSE_TIMEOUT))
-                    .build()
-                    .await?;
-                crate::schema::declare(&mut self.redis().await?, &self.name).await?;
-                Ok(client.select_graph(&self.name))
+                let scheme = self.url.split("://").next().unwrap_or_default();
+                match scheme {
+                    "falkor" | "falkors" => {
+                        Ok(Engine::Falkor(falkor::Falkor::connect(&self.url, &self.name).await?))
+                    }
+                    #[cfg(feature = "neo4j")]
+                    "bolt" | "bolt+s" | "neo4j" | "neo4j+s" => {
+                        Ok(Engine::Neo4j(neo4j::Neo4j::connect(&self.url, &self.name).await?))
+                    }
+                    #[cfg(not(feature = "neo4j"))]
+                    "bolt" | "bolt+s" | "neo4j" | "neo4j+s" => Err(StoreError::Query(
+                        "GRAPH_URL names Neo4j: build graph with `--features neo4j`".into(),
+                    )),
+                    other => Err(StoreError::Query(format!(
+                        "GRAPH_URL scheme `{other}`: falkor:// (or bolt://, neo4j:// with the neo4j feature)"
+                    ))),
+                }
             })
             .await
-            .cloned()
     }
 
     /// Runs `cypher` for `tenant`: the one way the service reaches the
@@ -137,89 +121,39 @@ impl Store {
                 "`tenant` is the store's own parameter".to_owned(),
             ));
         }
-        // Boxed as a trait object: the client's futures nest deep enough
+        // Boxed as a trait object: the clients' futures nest deep enough
         // to overflow the compiler's query depth in every caller.
-        let run: BoxFuture<'_, Vec<Row>> = Box::pin(self.execute(tenant, cypher, params));
+        let run: BoxFuture<'_, Vec<Row>> = Box::pin(async move {
+            match self.engine().await? {
+                Engine::Falkor(f) => f.execute(tenant, cypher, params).await,
+                #[cfg(feature = "neo4j")]
+                Engine::Neo4j(n) => n.execute(tenant, cypher, params).await,
+            }
+        });
         run.await
     }
 
-    async fn execute(
-        &self,
-        tenant: TenantId,
-        cypher: Cypher,
-        params: Params,
-    ) -> Result<Vec<Row>, StoreError> {
-        let mut graph = self.graph().await?;
-        let mut query = graph
-            .query(cypher.0)
-            .with_param("tenant", FalkorValue::I64(tenant.get()));
-        for (name, value) in params {
-            query = query.with_param(&name, to_falkor(value));
-        }
-        let result = query.execute().await?;
-        let header = result.header.clone();
-        let rows: Vec<falkordb::Row> = result.data.try_collect().await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| {
-                header
-                    .iter()
-                    .cloned()
-                    .zip(row.into_values().into_iter().map(to_json))
-                    .collect()
-            })
-            .collect())
-    }
-
-    /// Puts this graph in the place of graph `name` in one step (Redis's
-    /// RENAME: the graph there is dropped, and every reader and writer of
-    /// `name` meets this one from its next statement). A graph nothing was
-    /// ever written to does not exist: `name` is emptied instead.
+    /// Puts this graph in the place of graph `name` in one step: every
+    /// reader and writer of `name` meets this one from its next statement
+    /// (FalkorDB only: the rebuild's swap).
     pub async fn replace(&self, name: &str) -> Result<(), StoreError> {
-        let mut conn = self.redis().await?;
-        let renamed: redis::RedisResult<()> = redis::cmd("RENAME")
-            .arg(&self.name)
-            .arg(name)
-            .query_async(&mut conn)
-            .await;
-        match renamed {
-            Ok(()) => Ok(()),
-            Err(e) if e.to_string().contains("no such key") => {
-                let _: () = redis::cmd("DEL")
-                    .arg(name)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| StoreError::Query(e.to_string()))?;
-                Ok(())
+        let replace: BoxFuture<'_, ()> = Box::pin(async move {
+            match self.engine().await? {
+                Engine::Falkor(f) => f.replace(name).await,
+                #[cfg(feature = "neo4j")]
+                Engine::Neo4j(_) => Err(neo4j::no_swap()),
             }
-            Err(e) => Err(StoreError::Query(e.to_string())),
-        }
-    }
-
-    /// A plain Redis connection to the server, for what the graph client
-    /// does not offer (constraints, RENAME).
-    async fn redis(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
-        let url =
-            self.url
-                .replacen("falkor://", "redis://", 1)
-                .replacen("falkors://", "rediss://", 1);
-        let client = redis::Client::open(url).map_err(|e| StoreError::Query(e.to_string()))?;
-        tokio::time::timeout(CONNECT_TIMEOUT, client.get_multiplexed_async_connection())
-            .await
-            .map_err(|_| StoreError::Unavailable("connect timed out".into()))?
-            .map_err(|e| StoreError::Unavailable(e.to_string()))
+        });
+        replace.await
     }
 
     /// Deletes the whole graph (a test's, or a rebuild's old copy).
     pub async fn delete(&self) -> Result<(), StoreError> {
-        // Boxed, as in `run`.
-        let delete: BoxFuture<'_, ()> = Box::pin(async {
-            let mut graph = self.graph().await?;
-            match graph.delete().await {
-                Ok(()) => Ok(()),
-                // Never written: nothing to delete.
-                Err(e) if e.to_string().contains("empty key") => Ok(()),
-                Err(e) => Err(e.into()),
+        let delete: BoxFuture<'_, ()> = Box::pin(async move {
+            match self.engine().await? {
+                Engine::Falkor(f) => f.delete().await,
+                #[cfg(feature = "neo4j")]
+                Engine::Neo4j(_) => Err(neo4j::no_swap()),
             }
         });
         delete.await
@@ -317,45 +251,6 @@ impl<'a> NodePattern<'a> {
             labelled,
             properties,
         })
-    }
-}
-
-fn to_falkor(value: Value) -> FalkorValue {
-    match value {
-        Value::Null => FalkorValue::None,
-        Value::Bool(b) => FalkorValue::Bool(b),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => FalkorValue::I64(i),
-            None => FalkorValue::F64(n.as_f64().unwrap_or(0.0)),
-        },
-        Value::String(s) => FalkorValue::String(s),
-        Value::Array(items) => FalkorValue::Array(items.into_iter().map(to_falkor).collect()),
-        Value::Object(map) => FalkorValue::Map(
-            map.into_iter()
-                .map(|(k, v)| (k, to_falkor(v)))
-                .collect::<HashMap<_, _>>(),
-        ),
-    }
-}
-
-fn to_json(value: FalkorValue) -> Value {
-    match value {
-        FalkorValue::None => Value::Null,
-        FalkorValue::Bool(b) => Value::Bool(b),
-        FalkorValue::I64(i) => Value::from(i),
-        FalkorValue::F64(f) => Value::from(f),
-        FalkorValue::String(s) => Value::String(s),
-        FalkorValue::Array(items) => Value::Array(items.into_iter().map(to_json).collect()),
-        FalkorValue::Map(map) => {
-            Value::Object(map.into_iter().map(|(k, v)| (k, to_json(v))).collect())
-        }
-        FalkorValue::Node(node) => Value::Object(
-            node.properties
-                .into_iter()
-                .map(|(k, v)| (k, to_json(v)))
-                .collect(),
-        ),
-        other => Value::String(format!("{other:?}")),
     }
 }
 
