@@ -100,17 +100,18 @@ alerts-test: ## unit-test the alert rules: each fires on its case and not on its
 new-service: ## create a service from the template: make new-service NAME=shipping [PORT=8085] [ORDERED=4 (partitions: its consumer ordered per aggregate, ADR 0028)]
 	scripts/new-service.sh "$(NAME)" $(PORT) $(if $(ORDERED),--ordered $(ORDERED))
 
-template-check: ## generate a throwaway service (its consumer ordered, the flag's path), lint it (rustfmt, clippy -D warnings), run its tests, remove it (CI)
-	@git diff --quiet -- scripts/stack.sh compose Cargo.lock || { echo "template-check needs a clean scripts/stack.sh, compose/ and Cargo.lock" >&2; exit 1; }
+template-check: ## generate a throwaway service (its consumer ordered, the flag's path), lint it (rustfmt, clippy -D warnings), run its tests, check it is on the roster, in the stack, compose and Prometheus, remove it (CI)
+	@git diff --quiet -- services/roster.txt compose Cargo.lock || { echo "template-check needs a clean services/roster.txt, compose/ and Cargo.lock" >&2; exit 1; }
 	scripts/new-service.sh tmplcheck --ordered 4
 	status=0; cargo fmt -p tmplcheck -- --check && cargo clippy -p tmplcheck --all-targets --all-features --locked -- -D warnings \
-	  && cargo nextest run -p tmplcheck --locked && python3 compose/check.py || status=$$?; \
-	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- scripts/stack.sh compose Cargo.lock; exit $$status
+	  && cargo nextest run -p tmplcheck --locked && python3 compose/check.py \
+	  && cargo nextest run -p contracts --locked -E 'test(roster)' && scripts/stack.sh status | grep -q '^tmplcheck:' || status=$$?; \
+	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- services/roster.txt compose Cargo.lock; exit $$status
 
 openapi: ## write each service's OpenAPI document (target/openapi/) and the events' AsyncAPI document and JSON Schemas (target/asyncapi/), and validate them
 	cargo build --locked --bins
 	mkdir -p target/openapi
-	for s in orders inventory payments projection graph; do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
+	for s in $$(scripts/roster.sh names); do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	python3 scripts/check_openapi.py target/openapi/*.json
 	$${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi
 	python3 scripts/check_asyncapi.py target/asyncapi
@@ -124,7 +125,7 @@ e2e-pgbouncer: ## the whole e2e suite once more with the runtime role through Pg
 	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
-SERVICE_PKGS = -p orders -p inventory -p payments -p projection -p graph -p psp-sim
+SERVICE_PKGS = $(patsubst %,-p %,$(shell scripts/roster.sh names)) -p psp-sim
 
 # The saga also runs through a build of the main issue 24 was written
 # against, in the same run (BENCH_BASELINE_REV=none skips it).

@@ -8,7 +8,11 @@ import yaml
 root = pathlib.Path(__file__).resolve().parent.parent
 compose = yaml.safe_load((root / "compose/docker-compose.yml").read_text())
 services = compose["services"]
-native = re.search(r'^SERVICES="([^"]+)"', (root / "scripts/stack.sh").read_text(), re.M).group(1).split()
+# The one list of the services (services/roster.txt), and the provider's
+# simulator, which `make up` runs beside them.
+roster = [line.split("#")[0].split() for line in (root / "services/roster.txt").read_text().splitlines()]
+roster = [fields for fields in roster if fields]
+native = ["psp-sim:8090"] + [f"{name}:{port}" for name, port, _ in roster]
 errors = []
 for entry in native:
     name, port = entry.split(":")
@@ -24,6 +28,15 @@ for name, service in services.items():
     if isinstance(command, list) and command and service.get("image") == compose["x-service"]["image"]:
         if command[0] not in copied:
             errors.append(f"{name} runs `{command[0]}`, which compose/Dockerfile does not copy into the image")
+# setup makes every service's database, and every service finds its own.
+setup = services.get("setup", {}).get("command", [])
+shared_env = compose["x-service"]["environment"]
+for name, _, _ in roster:
+    if name not in setup:
+        errors.append(f"setup does not make {name}'s database")
+    var = name.upper().replace("-", "_") + "_DATABASE_URL"
+    if var not in shared_env and var not in (services.get(name, {}).get("environment") or {}):
+        errors.append(f"{name} has no {var}")
 for dep in ("postgres", "rabbitmq", "setup", "prometheus", "alertmanager", "grafana"):
     if dep not in services:
         errors.append(f"compose file lacks {dep}")

@@ -122,13 +122,13 @@ for port in $((base + 1)) $((base + 2)) $((base + 3)) $((base + 32)) $((base + 3
 done
 
 echo "ports of make up"
-for port in 8081 8082 8083 8084 8085 8090; do
+for port in $(scripts/roster.sh ports) 8090; do
   if tcp_open 127.0.0.1 "$port"; then
-    bad "port $port is in use" "make down (if make up runs), or set ORDERS_PORT/INVENTORY_PORT/PAYMENTS_PORT/PROJECTION_PORT/GRAPH_PORT/PSP_SIM_PORT"
+    bad "port $port is in use" "make down (if make up runs), or set <SERVICE>_PORT (ORDERS_PORT, …, PSP_SIM_PORT)"
   else ok "port $port free"; fi
 done
 # Each service's ops port (/metrics, /readyz's detail): its port + 3000.
-for port in 11081 11082 11083 11084 11085; do
+for port in $(scripts/roster.sh ports | awk '{print $1 + 3000}'); do
   if tcp_open 127.0.0.1 "$port"; then
     bad "port $port (an ops port) is in use" "make down (if make up runs); an ops port follows its service port (+ 3000)"
   else ok "port $port free"; fi

@@ -9,8 +9,10 @@ TOKEN=$(target/debug/reliability token --tenant "${FUZZ_TENANT:-1}")
 export TOKEN
 examples=${FUZZ_EXAMPLES:-50}
 status=0
-for svc in orders:${ORDERS_PORT:-8081} inventory:${INVENTORY_PORT:-8082} payments:${PAYMENTS_PORT:-8083} projection:${PROJECTION_PORT:-8084} graph:${GRAPH_PORT:-8085}; do
+for svc in $(scripts/roster.sh entries); do
   name=${svc%%:*} port=${svc##*:}
+  var="$(tr 'a-z-' 'A-Z_' <<<"$name")_PORT"
+  port=${!var:-$port}
   echo "== schemathesis: $name (http://127.0.0.1:$port/openapi.json, $examples examples per phase)"
   if ! schemathesis run "http://127.0.0.1:$port/openapi.json" --checks all \
       --phases examples,coverage,fuzzing --max-examples "$examples" --workers 2; then

@@ -3,7 +3,8 @@
 # `make new-service NAME=shipping [PORT=8085] [ORDERED=4]`
 # (scripts/new-service.sh NAME [PORT] [--ordered K]). With ORDERED its
 # consumer's subscription is ordered per aggregate over K partitions (ADR 0028).
-# The crate, its migrations folder, and its entries in `make up`, the compose
+# The crate, its migrations folder, its line in services/roster.txt (which
+# `make up`, the CLI, e2e and the bench read), and its entries in the compose
 # file and Prometheus. See docs/template.md for what to change next.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,8 @@ while (($#)); do
   esac
 done
 [[ -z $ordered || $ordered =~ ^[1-9][0-9]?$ ]] || die "--ordered takes a partition count from 1 to 99 (got '$ordered')"
-used=$(grep -oE '[a-z_-]+:80[0-9]{2}' scripts/stack.sh | cut -d: -f2)
+# The roster's ports, and the provider simulator's.
+used=$(scripts/roster.sh ports; echo 8090)
 if [[ -z $port ]]; then
   port=8085
   while grep -qx "$port" <<<"$used" || [[ $port == 8090 ]]; do port=$((port + 1)); done
@@ -39,9 +41,9 @@ if [[ -n $ordered ]]; then
   grep -q ".ordered($ordered)" "services/$name/src/audit.rs" || die "could not make the subscription ordered"
 fi
 
-# make up
-sed -i "s/^SERVICES=\"\\(.*\\)\"/SERVICES=\"\\1 $name:$port\"/" scripts/stack.sh
-sed -i "/^export PROJECTION_DATABASE_URL=/a export ${env}_DATABASE_URL=\${${env}_DATABASE_URL:-postgres://\$PG_HOST:\$PG_PORT/$name}" scripts/stack.sh
+# The roster: make up, the CLI (status and the rest), e2e and the bench.
+# The template publishes (its outbox): a relay runs for it.
+printf '%-13s %-9s %s\n' "$name" "$port" yes >>services/roster.txt
 # compose: the service, its database in setup, and Prometheus' targets
 python3 - "$name" "$port" "$env" <<'PY'
 import pathlib, sys

@@ -16,14 +16,17 @@ ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/p
 AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 PROFILE=${PROFILE:-debug}
 export AMQP_URL JWT_SECRET=${JWT_SECRET:-dev-secret-change-me}
-export ORDERS_DATABASE_URL=${ORDERS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/orders}
-export INVENTORY_DATABASE_URL=${INVENTORY_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/inventory}
-export PAYMENTS_DATABASE_URL=${PAYMENTS_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/payments}
-export PROJECTION_DATABASE_URL=${PROJECTION_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/projection}
-export GRAPH_DATABASE_URL=${GRAPH_DATABASE_URL:-postgres://$PG_HOST:$PG_PORT/graph}
 
-# name port
-SERVICES="psp-sim:8090 orders:8081 inventory:8082 payments:8083 projection:8084 graph:8085"
+# name:port, the provider's simulator and then services/roster.txt (the one
+# list of the services); each service's database is of its own name.
+SERVICES="psp-sim:8090 $(scripts/roster.sh entries | paste -sd' ')"
+for _entry in $SERVICES; do
+  _svc=${_entry%%:*}
+  [[ $_svc == psp-sim ]] && continue
+  _var="$(tr 'a-z-' 'A-Z_' <<<"$_svc")_DATABASE_URL"
+  export "$_var=${!_var:-postgres://$PG_HOST:$PG_PORT/$_svc}"
+done
+unset _entry _svc _var
 
 bin() { echo "${CARGO_TARGET_DIR:-target}/$PROFILE/$1"; }
 
@@ -283,7 +286,7 @@ reset() {
   # queues of their own, which rabbitmqctl lists where we may run it.
   local queues="inventory.stock payments.charges orders.saga projection.views projection.history.p0 projection.history.p1 projection.history.p2 projection.history.p3 graph.edges"
   if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then
-    queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E '^(orders|inventory|payments|projection|graph)\.' | grep -v '\.dlq$' || true)
+    queues=$(timeout 120 rabbitmqctl -q list_queues name | grep -E "^($(databases | paste -sd'|'))\." | grep -v '\.dlq$' || true)
   fi
   # The graph our FalkorDB keeps is derived from the dropped databases too.
   scripts/falkordb.sh stop

@@ -226,7 +226,7 @@ async fn stack(
 
 fn rss_rows(t: &mut Table, rss: &std::collections::BTreeMap<String, u64>) {
     let mib = |name: &str| rss.get(name).map(|kib| kib / 1024);
-    for svc in ["orders", "inventory", "payments", "projection"] {
+    for svc in cluster::services() {
         let roles: Vec<String> = ["api", "consumer", "relay"]
             .iter()
             .filter_map(|role| Some(format!("{role} {}", mib(&format!("{svc}-{role}"))?)))

@@ -52,10 +52,10 @@ pub fn queue_names(prefix: &str) -> Vec<String> {
     }
     names
 }
-pub const SERVICES: [&str; 5] = ["orders", "inventory", "payments", "projection", "graph"];
-
-/// Services that publish nothing: no relay runs for them.
-const NO_OUTBOX: [&str; 2] = ["projection", "graph"];
+/// The services a run starts, in the roster's order (services/roster.txt).
+pub fn services() -> Vec<&'static str> {
+    contracts::roster::names()
+}
 
 /// The graph service's FalkorDB: the world's (`GRAPH_URL`), else the one
 /// `scripts/falkordb.sh` starts on this machine.
@@ -67,7 +67,7 @@ pub const SECRET: &str = "cluster-secret";
 /// Where a run lives: databases `{name}_orders`…, exchange `{name}.events`,
 /// queues `{name}.…`, graph `{name}` on [`graph_url`], ports
 /// `port_base + 1..=5` (the services, in
-/// [`SERVICES`] order) and `port_base + 19` (the provider simulator; not
+/// [`services`] order) and `port_base + 19` (the provider simulator; not
 /// `+ 10`, which is 9090 for e2e: the compose stack's Prometheus),
 /// binaries from `target/{profile}`, logs in `.run/{name}/`.
 pub struct Layout {
@@ -82,7 +82,7 @@ impl Layout {
     }
 
     pub fn port(&self, service: &str) -> u16 {
-        let i = SERVICES.iter().position(|s| *s == service);
+        let i = services().iter().position(|s| *s == service);
         self.port_base + i.map_or(19, |i| i as u16 + 1)
     }
 
@@ -202,7 +202,7 @@ pub async fn launch_built(
         ("GRAPH_URL".into(), graph_url()),
         ("GRAPH_NAME".into(), layout.name.into()),
     ];
-    for svc in SERVICES {
+    for svc in services() {
         let upper = svc.to_uppercase();
         vars.push((
             format!("{upper}_DATABASE_URL"),
@@ -214,12 +214,12 @@ pub async fn launch_built(
         vars.retain(|(name, _)| name != k);
         vars.push(((*k).to_owned(), (*v).to_owned()));
     }
-    let services: Vec<&str> = SERVICES
-        .into_iter()
-        .filter(|svc| bin(svc).exists())
+    let services: Vec<&contracts::roster::Service> = contracts::roster::services()
+        .iter()
+        .filter(|svc| bin(svc.name).exists())
         .collect();
     if bins.is_some() {
-        for &svc in &services {
+        for svc in services.iter().map(|s| s.name) {
             let out = std::process::Command::new(bin(svc))
                 .arg("migrate")
                 .envs(vars.iter().map(|(k, v)| (k, v)))
@@ -238,8 +238,8 @@ pub async fn launch_built(
         layout.port_base + 200,
     )?;
     cluster.add("psp-sim", bin("psp-sim"), &[], Some(layout.port("psp-sim")));
-    for svc in services {
-        let bin = bin(svc);
+    for service in services {
+        let (svc, bin) = (service.name, bin(service.name));
         cluster.add(
             &format!("{svc}-api"),
             bin.clone(),
@@ -247,7 +247,7 @@ pub async fn launch_built(
             Some(layout.port(svc)),
         );
         cluster.add(&format!("{svc}-consumer"), bin.clone(), &["consume"], None);
-        if !NO_OUTBOX.contains(&svc) {
+        if service.outbox {
             cluster.add(&format!("{svc}-relay"), bin, &["relay"], None);
         }
     }
@@ -260,7 +260,7 @@ pub async fn launch_built(
 /// Drops the run's databases, with whatever is still connected to them.
 pub async fn drop_databases(layout: &Layout) -> anyhow::Result<()> {
     let admin = db::pool(PgConnectOptions::from_str(&database_url())?, 1).await?;
-    for svc in SERVICES {
+    for svc in services() {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {}_{svc} WITH (FORCE)",
             layout.name

@@ -2,7 +2,6 @@
 //! traffic really went through PgBouncer in transaction mode, for the
 //! runtime role only, on few server connections.
 
-use e2e::cluster::SERVICES;
 use e2e::pooler::{Pooler, SERVER_POOL};
 
 use crate::{LAYOUT, Row};
@@ -40,7 +39,10 @@ fn observe(pooler: &Pooler, violations: &mut Vec<String>) -> anyhow::Result<Stri
     let stats = pooler.show("STATS")?;
     let mut xacts = 0;
     // The graph's database holds no state of its own (ADR 0030).
-    for svc in SERVICES.into_iter().filter(|s| *s != "graph") {
+    for svc in e2e::cluster::services()
+        .into_iter()
+        .filter(|s| *s != "graph")
+    {
         let db = format!("{}_{svc}", LAYOUT.name);
         let n = stats
             .iter()

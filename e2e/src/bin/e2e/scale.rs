@@ -47,8 +47,6 @@ pub const REPLICAS: [(&str, &str, &str); 11] = [
     ("payments-relay-2", "payments", "relay"),
 ];
 
-const SERVICES: [&str; 5] = ["orders", "inventory", "payments", "projection", "graph"];
-
 fn sku(tenant: i64) -> String {
     format!("SKU-{tenant}")
 }
@@ -155,11 +153,11 @@ pub async fn replicas(run: &mut Run, tenant: i64) -> Outcome {
         run.cluster.start(name, None)?;
     }
     let mut killed = Vec::new();
-    for svc in SERVICES {
+    for svc in e2e::cluster::services() {
         killed.push(format!("{svc}-consumer"));
     }
-    for svc in ["orders", "inventory", "payments"] {
-        killed.push(format!("{svc}-relay"));
+    for svc in contracts::roster::services().iter().filter(|s| s.outbox) {
+        killed.push(format!("{}-relay", svc.name));
     }
     let (client, cluster, dbs) = (&run.client, &mut run.cluster, &run.dbs);
     let faults = async {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reliability::ops;
 
-use crate::target::{self, Broker, SERVICES};
+use crate::target::{self, Broker};
 
 #[derive(clap::Args)]
 pub struct Estate {
@@ -26,8 +26,8 @@ pub struct Estate {
         hide_env_values = true
     )]
     management_url: String,
-    /// The services to look at.
-    #[arg(long, value_delimiter = ',', default_values_t = SERVICES.iter().map(|s| (*s).to_owned()))]
+    /// The services to look at (default: every one of services/roster.txt).
+    #[arg(long, value_delimiter = ',', default_values_t = contracts::roster::names().into_iter().map(str::to_owned))]
     services: Vec<String>,
 }
 

@@ -10,9 +10,6 @@ use reliability::db;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
-/// The services `make up` runs with a database, in the order of the saga.
-pub const SERVICES: &[&str] = &["orders", "inventory", "payments", "projection", "graph"];
-
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// A service's database URL as the service reads it: `<SERVICE>_DATABASE_URL`,
@@ -27,8 +24,8 @@ pub fn service_options(service: &str) -> anyhow::Result<PgConnectOptions> {
 
 #[derive(Args, Debug, Clone)]
 pub struct Db {
-    /// The service whose database to open (orders, inventory, payments,
-    /// projection). Its URL is the one the service reads,
+    /// The service whose database to open (one of services/roster.txt).
+    /// Its URL is the one the service reads,
     /// <SERVICE>_DATABASE_URL (default postgres://127.0.0.1:5432/<service>),
     /// opened as the owner role.
     #[arg(long, short, global = true)]
@@ -50,7 +47,7 @@ impl Db {
             (None, Some(service)) => service_options(service)?,
             (None, None) => anyhow::bail!(
                 "which database? --service {} (or --database-url / OWNER_DATABASE_URL)",
-                SERVICES.join("|")
+                contracts::roster::names().join("|")
             ),
         };
         db::pool(options, 1)
