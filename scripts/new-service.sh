@@ -44,7 +44,8 @@ fi
 # The roster: make up, the CLI (status and the rest), e2e and the bench.
 # The template publishes (its outbox): a relay runs for it.
 printf '%-13s %-9s %s\n' "$name" "$port" yes >>services/roster.txt
-# compose: the service, its database in setup, and Prometheus' targets
+# compose: the service, its database in setup, its binary in the image,
+# and Prometheus' targets
 python3 - "$name" "$port" "$env" <<'PY'
 import pathlib, sys
 name, port, env = sys.argv[1:]
@@ -63,6 +64,11 @@ block = f"""  {name}:
 text = text.replace("  prometheus:", block, 1)
 text = text.replace('"orders", "inventory", "payments", "projection"', f'"orders", "inventory", "payments", "projection", "{name}"', 1)
 compose.write_text(text)
+# The image holds every binary a service runs.
+dockerfile = pathlib.Path("compose/Dockerfile")
+text = dockerfile.read_text()
+assert "target/release/reliability /out/" in text, "compose/Dockerfile: where the binaries are copied moved"
+dockerfile.write_text(text.replace("target/release/reliability /out/", f"target/release/reliability \\\n       target/release/{name} /out/", 1))
 prom = pathlib.Path("compose/prometheus/prometheus.yml")
 prom.write_text(prom.read_text().replace('"projection:11084"', f'"projection:11084", "{name}:{int(port) + 3000}"', 1))
 PY
