@@ -36,6 +36,7 @@ pub use topology::{
 /// one within one pass (docs/adr/0023). Quorum queues are reachable from any
 /// node; no node is special to us.
 pub async fn connect(url: &str, name: &str) -> Result<Connection> {
+    crate::db::use_one_crypto_provider();
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let nodes: Vec<&str> = url
         .split(',')

@@ -164,6 +164,7 @@ fn role_password() -> Option<String> {
 /// Connection options for `role` on `base`'s server and database, with
 /// `DB_ROLE_PASSWORD` when set (never `base`'s password: that is another role's).
 pub fn options_for_role(base: &PgConnectOptions, role: &str) -> PgConnectOptions {
+    use_one_crypto_provider();
     let options = base.clone().username(role);
     match role_password() {
         Some(password) => options.password(&password),
@@ -188,8 +189,23 @@ pub async fn set_role_passwords(superuser: &PgPool) -> Result<bool> {
     Ok(true)
 }
 
+/// Makes aws-lc-rs the process's TLS crypto provider, once, before any
+/// TLS client is built: rustls picks one by itself only when exactly one is
+/// compiled in, and panics at the first handshake otherwise. A build that
+/// links a second one (the graph's Neo4j driver brings ring, and Cargo
+/// unifies the features of one build) would fail every TLS connection to
+/// PostgreSQL. Every connecting function of the library calls it first.
+pub fn use_one_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An error means one is installed already, which is all we need.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    });
+}
+
 /// A pool with the settings every service uses.
 pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgPool> {
+    use_one_crypto_provider();
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))

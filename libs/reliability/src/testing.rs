@@ -26,11 +26,13 @@ pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event, race};
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 
 pub fn database_url() -> String {
+    crate::db::use_one_crypto_provider();
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
 pub fn amqp_url() -> String {
+    crate::db::use_one_crypto_provider();
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 

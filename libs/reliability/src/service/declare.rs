@@ -127,6 +127,7 @@ pub async fn start<X: Args + Clone + Send + Sync>(
     dbs: Databases,
     shutdown: ShutdownToken,
 ) -> Result<Application> {
+    crate::db::use_one_crypto_provider();
     let spec = ServiceSpec {
         name: service.name,
         role: settings.role,
