@@ -167,3 +167,101 @@ async fn one_order_is_one_trace_across_the_five_services() {
     assert_eq!(by_id[apply.parent.as_str()].name, "publish orderplaced");
     stack.stop().await;
 }
+
+/// A caller's trace context is kept as it came (W3C): its unsampled flag
+/// on every event the order causes, in every service, and nothing of it
+/// exported; its `tracestate` beside the `traceparent` across the broker.
+#[tokio::test]
+async fn a_callers_unsampled_trace_and_its_state_are_kept_and_nothing_of_it_is_exported() {
+    let (url, inbox) = collector().await;
+    let stack = Stack::start_with(|common| common.otlp_endpoint = Some(url))
+        .await
+        .unwrap();
+    stack.stock(8, "SKU-U", 5).await;
+    let theirs = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let body = serde_json::json!({"customer_id": "c-8", "currency": "EUR",
+        "lines": [{"sku": "SKU-U", "quantity": 1, "unit_price_cents": 1250}]});
+    let response = stack
+        .orders
+        .http
+        .post(format!("{}/orders", stack.orders.url))
+        .bearer_auth(stack.orders.token(8))
+        .header("idempotency-key", reliability::testing::unique("order-"))
+        .header("traceparent", format!("00-{theirs}-00f067aa0ba902b7-00"))
+        .header("tracestate", "caller=kept,other=1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let order_id = response.json::<Value>().await.unwrap()["order_id"]
+        .as_i64()
+        .unwrap();
+    let view = stack.settled(8, order_id).await;
+    assert_eq!(view["status"], "confirmed", "{view}");
+
+    let headers = |db: &sqlx::PgPool| {
+        let db = db.clone();
+        async move {
+            let rows: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT event_type, headers->>'traceparent', headers->>'tracestate'
+                 FROM outbox_messages WHERE payload->>'order_id' = $1",
+            )
+            .bind(order_id.to_string())
+            .fetch_all(&db)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    let mut events = Vec::new();
+    for db in [&stack.dbs.orders, &stack.dbs.inventory, &stack.dbs.payments] {
+        events.extend(headers(&db.owner).await);
+    }
+    assert!(events.len() >= 4, "{events:?}");
+    for (event, parent, _) in &events {
+        let parent = parent.as_deref().unwrap_or_default();
+        assert!(
+            parent.starts_with(&format!("00-{theirs}-")) && parent.ends_with("-00"),
+            "{event}: {parent}"
+        );
+    }
+    // Through the orders' outbox, the broker and inventory's consumer.
+    for wanted in ["OrderPlaced", "InventoryReserved"] {
+        let (_, _, state) = events.iter().find(|(e, ..)| e == wanted).unwrap();
+        assert_eq!(state.as_deref(), Some("caller=kept,other=1"), "{wanted}");
+    }
+
+    // A sampled order after it is exported (the exporter works and has
+    // flushed past the first): the unsampled one sent nothing.
+    let sampled = stack.order(8, "c-8", "SKU-U", 1).await;
+    stack.settled(8, sampled).await;
+    let placed: String = sqlx::query_scalar(
+        "SELECT headers->>'traceparent' FROM outbox_messages
+         WHERE aggregate_id = $1 AND event_type = 'OrderPlaced'",
+    )
+    .bind(sampled.to_string())
+    .fetch_one(&stack.dbs.orders.owner)
+    .await
+    .unwrap();
+    let ours = placed.split('-').nth(1).unwrap().to_owned();
+    reliability::testing::wait_until(
+        Duration::from_secs(30),
+        "the sampled order's projection step exported",
+        || async {
+            let all = inbox.lock().unwrap();
+            all.iter()
+                .any(|s| s.trace_id == ours && s.name == "apply orderconfirmed")
+        },
+    )
+    .await;
+    let leaked: Vec<Received> = inbox
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.trace_id == theirs)
+        .cloned()
+        .collect();
+    assert!(leaked.is_empty(), "spans of an unsampled trace: {leaked:?}");
+    stack.stop().await;
+}

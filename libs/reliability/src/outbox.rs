@@ -80,10 +80,17 @@ pub async fn enqueue(tx: &mut TenantTx, event: &NewEvent) -> Result<i64> {
             "event.aggregate",
             format!("{}/{}", event.aggregate_type, event.aggregate_id),
         );
+        let ctx = span.context();
         headers.insert(
             crate::trace::HEADER.to_owned(),
-            Value::String(span.context().to_header()),
+            Value::String(ctx.to_header()),
         );
+        if let Some(state) = ctx.state() {
+            headers.insert(
+                crate::trace::STATE_HEADER.to_owned(),
+                Value::String(state.to_owned()),
+            );
+        }
     }
     let id = sqlx::query_scalar(
         "INSERT INTO outbox_messages

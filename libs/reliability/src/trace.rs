@@ -15,6 +15,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub const HEADER: &str = "traceparent";
+/// The vendors' part of the context, carried on unchanged beside it.
+pub const STATE_HEADER: &str = "tracestate";
+/// W3C trace-flags: the caller recorded this trace.
+const SAMPLED: u8 = 0x01;
+/// The longest `tracestate` W3C lets a system pass on (32 members).
+const MAX_STATE: usize = 512;
 
 /// The running task's trace: its context and the service whose steps it runs.
 #[derive(Clone)]
@@ -27,11 +33,15 @@ tokio::task_local! {
     static CURRENT: Scope;
 }
 
-/// A `traceparent`: version 00, a 16-byte trace id, an 8-byte parent span id, sampled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A W3C trace context: the `traceparent` (version 00, a 16-byte trace id,
+/// an 8-byte parent span id, the flags as they came: sampled or not) and
+/// the `tracestate` that came with it, both passed on to every step after.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     trace_id: [u8; 16],
     span_id: [u8; 8],
+    flags: u8,
+    state: Option<Arc<str>>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -65,26 +75,28 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 }
 
 impl TraceContext {
-    /// A new trace.
+    /// A new trace, sampled.
     pub fn root() -> Self {
         Self {
             trace_id: random_bytes(),
             span_id: random_bytes(),
+            flags: SAMPLED,
+            state: None,
         }
     }
 
-    /// The same trace, a new span.
+    /// The same trace, a new span: its flags and state as they were.
     pub fn child(&self) -> Self {
         Self {
-            trace_id: self.trace_id,
             span_id: random_bytes(),
+            ..self.clone()
         }
     }
 
     /// Parses `00-<32 hex>-<16 hex>-<2 hex>`; all-zero ids are invalid.
     pub fn parse(header: &str) -> Option<Self> {
         let mut parts = header.trim().split('-');
-        let (version, trace, span, _flags) =
+        let (version, trace, span, flags) =
             (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if version != "00" || parts.next().is_some() {
             return None;
@@ -92,22 +104,52 @@ impl TraceContext {
         let ctx = Self {
             trace_id: unhex(trace)?,
             span_id: unhex(span)?,
+            flags: unhex::<1>(flags)?[0],
+            state: None,
         };
         (ctx.trace_id != [0; 16] && ctx.span_id != [0; 8]).then_some(ctx)
+    }
+
+    /// [`Self::parse`], with the `tracestate` that came beside it: kept if
+    /// it is one a system may pass on (printable, at most 512 bytes),
+    /// dropped otherwise, as W3C asks.
+    pub fn parse_with_state(header: &str, state: Option<&str>) -> Option<Self> {
+        let mut ctx = Self::parse(header)?;
+        ctx.state = state
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && s.len() <= MAX_STATE)
+            .filter(|s| s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .map(Arc::from);
+        Some(ctx)
     }
 
     pub fn trace_id(&self) -> String {
         hex(&self.trace_id)
     }
 
+    /// Whether the trace is recorded: a caller's choice, kept.
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
+    }
+
     pub fn to_header(&self) -> String {
-        format!("00-{}-{}-01", hex(&self.trace_id), hex(&self.span_id))
+        format!(
+            "00-{}-{}-{:02x}",
+            hex(&self.trace_id),
+            hex(&self.span_id),
+            self.flags
+        )
+    }
+
+    /// The `tracestate` to send beside [`Self::to_header`], if one came.
+    pub fn state(&self) -> Option<&str> {
+        self.state.as_deref()
     }
 }
 
 /// The context of the running task, if any.
 pub fn current() -> Option<TraceContext> {
-    CURRENT.try_with(|c| c.ctx).ok()
+    CURRENT.try_with(|c| c.ctx.clone()).ok()
 }
 
 /// What a span is, in OpenTelemetry's terms.
@@ -190,7 +232,7 @@ impl Span {
         kind: Kind,
         parent: Option<TraceContext>,
     ) -> Self {
-        match export::open(&service, name, kind, parent) {
+        match export::open(&service, name, kind, parent.clone()) {
             Some((otel, ctx)) => Self {
                 ctx,
                 service,
@@ -218,7 +260,7 @@ impl Span {
     }
 
     pub fn context(&self) -> TraceContext {
-        self.ctx
+        self.ctx.clone()
     }
 
     /// Records `key = value` on the exported span (nothing without export).
@@ -244,7 +286,7 @@ impl Span {
     /// Runs `fut` inside this step: its events and calls are its children.
     pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
         let scope = Scope {
-            ctx: self.ctx,
+            ctx: self.ctx.clone(),
             service: self.service.clone(),
         };
         CURRENT.scope(scope, fut).await
@@ -310,5 +352,36 @@ mod tests {
                 .is_none()
         );
         assert!(TraceContext::parse("garbage").is_none());
+        assert!(
+            TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-zz")
+                .is_none(),
+            "flags are two hex digits"
+        );
+    }
+
+    #[test]
+    fn the_callers_sampled_flag_and_tracestate_are_kept_on_every_step() {
+        let header = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+        let state = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+        let unsampled = TraceContext::parse_with_state(header, Some(state)).unwrap();
+        assert!(!unsampled.sampled());
+        let next = unsampled.child().child();
+        assert!(next.to_header().ends_with("-00"), "{}", next.to_header());
+        assert_eq!(next.state(), Some(state));
+        assert_eq!(next.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+
+        let sampled = header.replace("-00", "-01");
+        let ctx = TraceContext::parse_with_state(&sampled, None).unwrap();
+        assert!(ctx.sampled() && ctx.to_header() == sampled && ctx.state().is_none());
+        assert!(
+            TraceContext::root().sampled(),
+            "a trace of our own is recorded"
+        );
+
+        // A state no system may pass on is dropped, the context kept.
+        for bad in ["", "a=\u{7}", &"k=v,".repeat(200)] {
+            let ctx = TraceContext::parse_with_state(header, Some(bad)).unwrap();
+            assert_eq!(ctx.state(), None, "{bad:?}");
+        }
     }
 }

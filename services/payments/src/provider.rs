@@ -102,14 +102,19 @@ impl ChargeReply {
 }
 
 /// The call as a client step of the worker's trace (the order's), if it has
-/// one, and the `traceparent` that carries it to the provider.
+/// one, and the `traceparent` (and `tracestate`) that carry it to the
+/// provider.
 fn call_step(method: &str, path: &str) -> (Option<Span>, reqwest::header::HeaderMap) {
     let mut headers = reqwest::header::HeaderMap::new();
     let step = Span::child(format!("{method} {path}"), Kind::Client);
-    if let Some(step) = &step
-        && let Ok(value) = step.context().to_header().parse()
-    {
-        headers.insert(reliability::trace::HEADER, value);
+    if let Some(step) = &step {
+        let ctx = step.context();
+        if let Ok(value) = ctx.to_header().parse() {
+            headers.insert(reliability::trace::HEADER, value);
+        }
+        if let Some(Ok(value)) = ctx.state().map(str::parse) {
+            headers.insert(reliability::trace::STATE_HEADER, value);
+        }
     }
     (step, headers)
 }

@@ -317,9 +317,11 @@ impl<H: Handler> Consumer<Pg<H>> {
 /// message carries, or a new root. The consumer's service is its name's
 /// first part (`inventory.stock`: inventory).
 pub(super) fn apply_span(consumer: &ConsumerConfig, delivery: &Delivery, event: &Envelope) -> Span {
-    let header = broker::header_str(&delivery.properties, crate::trace::HEADER);
+    let header = |name| broker::header_str(&delivery.properties, name);
     let service = consumer.name.split('.').next().unwrap_or(&consumer.name);
-    let parent = header.as_deref().and_then(TraceContext::parse);
+    let state = header(crate::trace::STATE_HEADER);
+    let parent = header(crate::trace::HEADER)
+        .and_then(|parent| TraceContext::parse_with_state(&parent, state.as_deref()));
     let mut span = Span::start(
         service,
         format!("apply {}", event.event_type),

@@ -320,10 +320,14 @@ impl Relay {
                 envelope.aggregate_key()
             )),
         );
+        // The state rides on unchanged among the headers.
+        let state = headers
+            .get(crate::trace::STATE_HEADER)
+            .and_then(Value::as_str);
         let parent = headers
             .get(crate::trace::HEADER)
             .and_then(Value::as_str)
-            .and_then(TraceContext::parse);
+            .and_then(|parent| TraceContext::parse_with_state(parent, state));
         let step = parent.map(|parent| {
             let mut step = Span::start(
                 &self.config.source,

@@ -284,11 +284,11 @@ async fn record_metrics(req: Request, next: Next) -> Response {
 /// `traceparent`, or a new trace; events written while handling it carry
 /// it on.
 async fn trace_context(service: &'static str, req: Request, next: Next) -> Response {
-    let parent = req
-        .headers()
-        .get(trace::HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceContext::parse);
+    let parent = {
+        let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+        header(trace::HEADER)
+            .and_then(|parent| TraceContext::parse_with_state(parent, header(trace::STATE_HEADER)))
+    };
     let method = req.method().to_string();
     let route = req
         .extensions()

@@ -92,13 +92,18 @@ pub(super) fn open(
     parent: Option<TraceContext>,
 ) -> Option<(opentelemetry_sdk::trace::Span, TraceContext)> {
     let tracer = tracer(service)?;
+    // The caller's flags and state as they came: the SDK's parent-based
+    // sampler records what the caller sampled, and only that.
+    let state = parent.as_ref().and_then(|p| p.state.clone());
     let parent_cx = match parent {
         Some(p) => Context::new().with_remote_span_context(SpanContext::new(
             TraceId::from_bytes(p.trace_id),
             SpanId::from_bytes(p.span_id),
-            TraceFlags::SAMPLED,
+            TraceFlags::new(p.flags),
             true,
-            TraceState::default(),
+            p.state()
+                .and_then(|s| s.parse::<TraceState>().ok())
+                .unwrap_or_default(),
         )),
         None => Context::new(),
     };
@@ -114,6 +119,8 @@ pub(super) fn open(
     let ctx = TraceContext {
         trace_id: sc.trace_id().to_bytes(),
         span_id: sc.span_id().to_bytes(),
+        flags: sc.trace_flags().to_u8(),
+        state,
     };
     sc.is_valid().then_some((span, ctx))
 }
