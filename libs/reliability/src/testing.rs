@@ -23,6 +23,9 @@ pub use proxy::{TcpProxy, broker_addr, postgres_addr};
 mod appliers;
 pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event, race};
 
+mod serve;
+pub use serve::{Served, serve};
+
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 
 pub fn database_url() -> String {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use graph::store::Store;
 use graph::{GraphSettings, SERVICE, Settings};
 use reliability::consumer::ConsumerConfig;
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 use serde_json::{Value, json};
 
@@ -22,7 +22,6 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
     let db = TestDb::with_migrations(&graph::MIGRATIONS).await;
     let mut common = CommonSettings::local();
     common.exchange = unique("reltest.graph.");
-    let jwt = common.jwt_keys();
     let mut settings = Settings {
         role: Role::Serve,
         ..Settings::local(common)
@@ -32,13 +31,8 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
         graph_name: store.name().to_owned(),
         rebuild_from: Vec::new(),
     };
-    let stop = ShutdownToken::new();
-    let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
-        .await
-        .unwrap();
-    let api = ApiClient::new(app.port(), jwt);
-    tokio::spawn(app.run_until_stopped());
-    (api, store, db, stop)
+    let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+    (app.api, store, db, app.stop)
 }
 
 #[tokio::test]

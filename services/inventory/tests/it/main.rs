@@ -6,7 +6,7 @@ mod appliers;
 mod stock;
 
 use inventory::{SERVICE, Settings};
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 
 pub struct TestApp {
@@ -20,18 +20,16 @@ impl TestApp {
         let db = TestDb::with_migrations(&inventory::MIGRATIONS).await;
         let mut common = CommonSettings::local();
         common.exchange = unique("reltest.inventory.");
-        let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
             ..Settings::local(common)
         };
-        let stop = ShutdownToken::new();
-        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
-            .await
-            .unwrap();
-        let api = ApiClient::new(app.port(), jwt);
-        tokio::spawn(app.run_until_stopped());
-        Self { api, db, stop }
+        let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+        Self {
+            api: app.api,
+            db,
+            stop: app.stop,
+        }
     }
 
     pub async fn adjust(

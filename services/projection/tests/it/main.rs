@@ -9,7 +9,7 @@ use projection::views::{CONSUMER, Views};
 use projection::{SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::{Value, json};
 
@@ -17,18 +17,12 @@ pub(crate) async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     let db = TestDb::with_migrations(&projection::MIGRATIONS).await;
     let mut common = CommonSettings::local();
     common.exchange = unique("reltest.projection.");
-    let jwt = common.jwt_keys();
     let settings = Settings {
         role: Role::Serve,
         ..Settings::local(common)
     };
-    let stop = ShutdownToken::new();
-    let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
-        .await
-        .unwrap();
-    let api = ApiClient::new(app.port(), jwt);
-    tokio::spawn(app.run_until_stopped());
-    (api, db, stop)
+    let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+    (app.api, db, app.stop)
 }
 
 /// The life of one order: placed, reserved, captured, confirmed, refunded.

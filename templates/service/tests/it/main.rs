@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 use __SERVICE__::Settings;
 
@@ -23,17 +23,13 @@ impl TestApp {
         let mut common = CommonSettings::local();
         common.exchange = unique("reltest.__SERVICE__.");
         common.queue_prefix = format!("{}.", common.exchange);
-        let jwt = common.jwt_keys();
         let common_prefix = common.queue_prefix.clone();
         let exchange = common.exchange.clone();
         let settings = Settings {
             role: Role::All,
             ..Settings::local(common)
         };
-        let stop = ShutdownToken::new();
-        let app = service::start(&__SERVICE__::SERVICE, settings, db.databases(), stop.clone()).await.unwrap();
-        let api = ApiClient::new(app.port(), jwt);
-        tokio::spawn(app.run_until_stopped());
+        let app = reliability::testing::serve(&__SERVICE__::SERVICE, settings, db.databases()).await;
         let spec = reliability::broker::QueueSpec::for_subscription(
             &__SERVICE__::audit::SUBSCRIPTION,
             &exchange,
@@ -45,9 +41,9 @@ impl TestApp {
             queues.push(spec.queue.clone());
         }
         Self {
-            api,
+            api: app.api,
             db,
-            stop,
+            stop: app.stop,
             queues,
             exchange,
         }
