@@ -103,7 +103,9 @@ up() {
   echo "== building ($PROFILE)"
   # A collector named in the environment: build with span export (docs/adr/0018).
   local features=()
-  if [[ -n ${OTEL_EXPORTER_OTLP_ENDPOINT:-} ]]; then features=(--features reliability/otel); fi
+  if [[ -n ${OTEL_EXPORTER_OTLP_ENDPOINT:-}${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-} || ${OTEL_TRACES_EXPORTER:-} == *otlp* ]]; then
+    features=(--features reliability/otel)
+  fi
   if [[ $PROFILE == release ]]; then cargo build --release --locked --bins "${features[@]}"; else cargo build --locked --bins "${features[@]}"; fi
   echo "== roles and databases"
   # shellcheck disable=SC2046
@@ -144,7 +146,7 @@ The stack is up.
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
   metrics     http://127.0.0.1:1108{1,2,3,4,5}/metrics   (ops ports, loopback only: OPS_BIND_ADDRESS)
   operator    $(bin reliability) status   (what is stuck, per service and queue)
-  traces      ${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}
+  traces      ${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}}
   logs        make logs   ($RUN/logs/)
 
 A token for tenant 1 (make token TENANT=n for others):

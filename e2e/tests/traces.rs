@@ -1,7 +1,9 @@
 //! One order is one trace across the five services, exported over
-//! OTLP/HTTP JSON: an in-test collector receives the spans of every step
-//! (the request, each enqueue, publish and apply, the charge and its
-//! provider call), all under the order's trace id, as one tree.
+//! OTLP/HTTP (protobuf, the default): an in-test collector receives the
+//! spans of every step (the request, each enqueue, publish and apply, the
+//! charge and its provider call), and the service's own `#[instrument]`
+//! span and SQL statements inside them, all under the order's trace id, as
+//! one tree.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,8 +11,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::routing::post;
 use e2e::Stack;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message as _;
 use serde_json::Value;
 
 /// One received span: its service (the resource's `service.name`), name,
@@ -26,8 +32,9 @@ struct Received {
 
 type Inbox = Arc<Mutex<Vec<Received>>>;
 
-/// An OTLP/HTTP JSON receiver: `POST /v1/traces` with an
-/// `ExportTraceServiceRequest`.
+/// An OTLP/HTTP receiver: `POST /v1/traces` with an
+/// `ExportTraceServiceRequest`, in protobuf (the default) or JSON, as its
+/// content type says.
 async fn collector() -> (String, Inbox) {
     let inbox = Inbox::default();
     let app = Router::new()
@@ -39,9 +46,51 @@ async fn collector() -> (String, Inbox) {
     (url, inbox)
 }
 
-async fn receive(State(inbox): State<Inbox>, body: axum::body::Bytes) -> &'static str {
-    let request: Value = serde_json::from_slice(&body).expect("OTLP JSON");
-    let mut spans = inbox.lock().unwrap();
+async fn receive(
+    State(inbox): State<Inbox>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> &'static str {
+    let json = headers
+        .get("content-type")
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    let received = match json {
+        true => from_json(&serde_json::from_slice(&body).expect("OTLP JSON")),
+        false => from_protobuf(ExportTraceServiceRequest::decode(body).expect("OTLP protobuf")),
+    };
+    inbox.lock().unwrap().extend(received);
+    "{}"
+}
+
+fn from_protobuf(request: ExportTraceServiceRequest) -> Vec<Received> {
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut out = Vec::new();
+    for rs in request.resource_spans {
+        let service = rs
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|a| a.key == "service.name")
+            .and_then(|a| match a.value.as_ref()?.value.as_ref()? {
+                any_value::Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for span in rs.scope_spans.into_iter().flat_map(|ss| ss.spans) {
+            out.push(Received {
+                service: service.clone(),
+                name: span.name.to_lowercase(),
+                trace_id: hex(&span.trace_id),
+                span_id: hex(&span.span_id),
+                parent: hex(&span.parent_span_id),
+            });
+        }
+    }
+    out
+}
+
+fn from_json(request: &Value) -> Vec<Received> {
+    let mut out = Vec::new();
     for rs in request["resourceSpans"].as_array().into_iter().flatten() {
         let service = rs["resource"]["attributes"]
             .as_array()
@@ -54,7 +103,7 @@ async fn receive(State(inbox): State<Inbox>, body: axum::body::Bytes) -> &'stati
         for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
             for span in ss["spans"].as_array().into_iter().flatten() {
                 let text = |k: &str| span[k].as_str().unwrap_or("").to_lowercase();
-                spans.push(Received {
+                out.push(Received {
                     service: service.clone(),
                     name: text("name"),
                     trace_id: text("traceId"),
@@ -64,7 +113,7 @@ async fn receive(State(inbox): State<Inbox>, body: axum::body::Bytes) -> &'stati
             }
         }
     }
-    "{}"
+    out
 }
 
 #[tokio::test]
@@ -89,8 +138,10 @@ async fn one_order_is_one_trace_across_the_five_services() {
     .unwrap();
     let trace_id = placed.split('-').nth(1).unwrap().to_owned();
 
-    let wanted: [(&str, &str); 10] = [
+    let wanted: [(&str, &str); 11] = [
         ("orders", "post /orders"),
+        // The service's own `#[instrument]` function, inside the request.
+        ("orders", "insert_order"),
         ("orders", "enqueue orderplaced"),
         ("orders", "publish orderplaced"),
         ("inventory", "apply orderplaced"),
@@ -128,6 +179,18 @@ async fn one_order_is_one_trace_across_the_five_services() {
                 .filter(|s| !s.parent.is_empty() && !ids.contains(s.parent.as_str()))
                 .map(|s| format!("the parent of {} {}", s.service, s.name)),
         );
+        // Its SQL, a span of each statement under the function that ran it.
+        let under = |s: &Received, name: &str| {
+            spans
+                .iter()
+                .any(|p| p.span_id == s.parent && p.name == name)
+        };
+        if !spans
+            .iter()
+            .any(|s| s.name.starts_with("insert into orders") && under(s, "insert_order"))
+        {
+            missing.push("insert_order's INSERT INTO orders".to_owned());
+        }
         missing
     };
     let started = std::time::Instant::now();

@@ -34,14 +34,22 @@ pub use tokio_util::sync::CancellationToken as ShutdownToken;
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// Logs as JSON when `LOG_FORMAT=json`, else human-readable; `RUST_LOG`
-/// filters (default `info`).
+/// filters them (default `info`). With the `otel` feature, the service's
+/// own spans, events and SQL inside each step join its exported trace
+/// ([`trace::layer`](crate::trace::layer)), whatever `RUST_LOG` says.
 pub fn init_tracing() {
+    use tracing_subscriber::prelude::*;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    let logs = match std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json") {
+        true => tracing_subscriber::fmt::layer()
+            .json()
+            .with_filter(filter)
+            .boxed(),
+        false => tracing_subscriber::fmt::layer().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(crate::trace::layer())
+        .init();
 }

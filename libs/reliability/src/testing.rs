@@ -45,10 +45,15 @@ pub fn amqp_url() -> String {
 pub fn capture_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    use tracing_subscriber::prelude::*;
     // Already installed by an earlier call in this process: keep it.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(filter),
+        )
+        .with(crate::trace::layer())
         .try_init();
 }
 

@@ -232,7 +232,7 @@ impl Span {
         kind: Kind,
         parent: Option<TraceContext>,
     ) -> Self {
-        match export::open(&service, name, kind, parent.clone()) {
+        match export::open(&service, name, kind, parent.clone(), None) {
             Some((otel, ctx)) => Self {
                 ctx,
                 service,
@@ -306,10 +306,11 @@ impl Span {
     }
 }
 
-/// Sends `service`'s spans to the OTLP/HTTP endpoint `endpoint` (the
-/// collector's base URL, as `OTEL_EXPORTER_OTLP_ENDPOINT`; `/v1/traces` is
-/// added) from now on. Without the `otel` feature it only warns.
-pub fn export(service: &str, endpoint: &str) -> Result<(), String> {
+/// Sends `service`'s spans over OTLP/HTTP from now on: to `endpoint` (a
+/// collector's base URL; `/v1/traces` is added) when given in code, else
+/// where the standard `OTEL_*` variables say (see [`wanted_by_env`]).
+/// Without the `otel` feature it only warns.
+pub fn export(service: &str, endpoint: Option<&str>) -> Result<(), String> {
     #[cfg(feature = "otel")]
     {
         export::install(service, endpoint)
@@ -318,10 +319,47 @@ pub fn export(service: &str, endpoint: &str) -> Result<(), String> {
     {
         tracing::warn!(
             service,
-            endpoint,
+            ?endpoint,
             "built without the otel feature: spans are not exported"
         );
         Ok(())
+    }
+}
+
+/// Whether the standard variables ask for spans: an
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`,
+/// or `OTEL_TRACES_EXPORTER=otlp`; not with `OTEL_SDK_DISABLED=true` or
+/// `OTEL_TRACES_EXPORTER=none`.
+pub fn wanted_by_env() -> bool {
+    #[cfg(feature = "otel")]
+    {
+        export::wanted_by_env()
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        [
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+    }
+}
+
+/// The `tracing` layer that exports the service's own spans, log events
+/// and SQL statements inside each step, as part of its trace; nothing
+/// without the `otel` feature. [`crate::service::init_tracing`] installs it.
+pub fn layer<S>() -> impl tracing_subscriber::Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    #[cfg(feature = "otel")]
+    {
+        layer::layer()
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        tracing_subscriber::layer::Identity::new()
     }
 }
 
@@ -335,6 +373,8 @@ pub fn shutdown(service: &str) {
 
 #[cfg(feature = "otel")]
 mod export;
+#[cfg(feature = "otel")]
+mod layer;
 
 #[cfg(test)]
 mod tests {

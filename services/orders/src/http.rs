@@ -148,6 +148,9 @@ async fn get_order(
     read_one(&pool, tenant, async |tx| find_order(tx, order_id).await).await
 }
 
+// A span of the service's own: exported inside the request's step, with
+// the SQL it runs (reliability::trace::layer).
+#[tracing::instrument(skip_all, fields(lines = order.lines.len()))]
 async fn insert_order(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Error> {
     let tenant = tx.tenant().get();
     let mut view: OrderView = sqlx::query_as(

@@ -203,8 +203,10 @@ pub async fn launch(
     }
     let metrics = crate::metrics::install();
     crate::metrics::build_info(spec.name, &format!("{:?}", spec.role).to_lowercase());
-    if let Some(endpoint) = common.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        trace::export(spec.name, endpoint).map_err(Error::Config)?;
+    match common.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        Some(endpoint) => trace::export(spec.name, Some(endpoint)).map_err(Error::Config)?,
+        None if trace::wanted_by_env() => trace::export(spec.name, None).map_err(Error::Config)?,
+        None => {}
     }
     let ready = Readiness {
         pool: dbs.app.clone(),

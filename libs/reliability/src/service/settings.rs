@@ -138,9 +138,13 @@ pub struct CommonSettings {
     #[arg(long, env = "OPS_BIND_ADDRESS", default_value = "127.0.0.1")]
     pub ops_bind_address: String,
     /// An OpenTelemetry collector's OTLP/HTTP base URL (e.g.
-    /// `http://127.0.0.1:4318`): spans go there as JSON when the service is
-    /// built with the `otel` feature. Unset: nothing is exported.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    /// `http://127.0.0.1:4318`), over the variables. Spans are exported
+    /// (with the `otel` feature) when this is given or the standard
+    /// variables ask: `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or `OTEL_TRACES_EXPORTER=otlp`;
+    /// the SDK reads the rest of `OTEL_*` (protocol, default http/protobuf;
+    /// headers; timeout; service name; sampler).
+    #[arg(long)]
     pub otlp_endpoint: Option<String>,
 }
 

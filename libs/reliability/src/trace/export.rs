@@ -24,34 +24,43 @@ type Exporters = Vec<(String, SdkTracerProvider, SdkTracer)>;
 static ANY: AtomicBool = AtomicBool::new(false);
 static EXPORTERS: RwLock<Exporters> = RwLock::new(Vec::new());
 
-pub(super) fn install(service: &str, endpoint: &str) -> Result<(), String> {
-    let base = endpoint.trim_end_matches('/');
-    let url = match base.ends_with("/v1/traces") {
-        true => base.to_owned(),
-        false => format!("{base}/v1/traces"),
-    };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpJson)
-        .with_endpoint(url.clone())
-        .with_timeout(Duration::from_secs(5))
-        .build()
-        .map_err(|e| format!("OTLP exporter to {url}: {e}"))?;
-    // A second's delay: a trace appears in the viewer about when the order settles.
-    let batch = BatchConfigBuilder::default()
-        .with_scheduled_delay(Duration::from_secs(1))
-        .build();
+/// Sends `service`'s spans over OTLP/HTTP. The SDK reads the standard
+/// variables (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `_PROTOCOL`,
+/// `_HEADERS`, `_TIMEOUT`, `_COMPRESSION`, `OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`); only
+/// where one is unset does a default of ours apply: http/protobuf, one
+/// second between batches, and `service` as the name. `endpoint`, given
+/// in code (a collector's base URL), wins over the variables.
+pub(super) fn install(service: &str, endpoint: Option<&str>) -> Result<(), String> {
+    let mut builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+    if let Some(base) = endpoint {
+        builder = builder.with_endpoint(traces_url(base));
+    }
+    if unset(&[
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ]) {
+        builder = builder.with_protocol(Protocol::HttpBinary);
+    }
+    let exporter = builder.build().map_err(|e| format!("OTLP exporter: {e}"))?;
+    let mut batch = BatchConfigBuilder::default();
+    if unset(&["OTEL_BSP_SCHEDULE_DELAY"]) {
+        // A trace appears in the viewer about when the order settles.
+        batch = batch.with_scheduled_delay(Duration::from_secs(1));
+    }
+    let mut resource = Resource::builder();
+    let named_by_env = !unset(&["OTEL_SERVICE_NAME"])
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.contains("service.name="));
+    if !named_by_env {
+        resource = resource.with_service_name(service.to_owned());
+    }
     let provider = SdkTracerProvider::builder()
         .with_span_processor(
             BatchSpanProcessor::builder(exporter)
-                .with_batch_config(batch)
+                .with_batch_config(batch.build())
                 .build(),
         )
-        .with_resource(
-            Resource::builder()
-                .with_service_name(service.to_owned())
-                .build(),
-        )
+        .with_resource(resource.build())
         .build();
     let tracer = provider.tracer("reliability");
     let mut all = EXPORTERS.write().unwrap_or_else(|e| e.into_inner());
@@ -61,8 +70,48 @@ pub(super) fn install(service: &str, endpoint: &str) -> Result<(), String> {
     }
     all.push((service.to_owned(), provider, tracer));
     ANY.store(true, Ordering::Release);
-    tracing::info!(service, endpoint = %url, "exporting spans over OTLP/HTTP JSON");
+    tracing::info!(
+        service,
+        endpoint = endpoint.unwrap_or("from the OTEL_* variables"),
+        "exporting spans over OTLP/HTTP"
+    );
     Ok(())
+}
+
+fn traces_url(base: &str) -> String {
+    let base = base.trim_end_matches('/');
+    match base.ends_with("/v1/traces") {
+        true => base.to_owned(),
+        false => format!("{base}/v1/traces"),
+    }
+}
+
+fn unset(vars: &[&str]) -> bool {
+    vars.iter()
+        .all(|v| std::env::var(v).map_or(true, |s| s.trim().is_empty()))
+}
+
+/// Whether the standard variables ask for span export: an OTLP endpoint,
+/// or `OTEL_TRACES_EXPORTER=otlp`; and neither `OTEL_SDK_DISABLED=true`
+/// nor an `OTEL_TRACES_EXPORTER` without `otlp` (such as `none`).
+pub(super) fn wanted_by_env() -> bool {
+    let var = |v: &str| std::env::var(v).unwrap_or_default().trim().to_lowercase();
+    if var("OTEL_SDK_DISABLED") == "true" {
+        return false;
+    }
+    let exporters = var("OTEL_TRACES_EXPORTER");
+    match exporters.is_empty() {
+        true => !unset(&[
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ]),
+        false => exporters.split(',').any(|e| e.trim() == "otlp"),
+    }
+}
+
+/// Whether any service of this process exports.
+pub(super) fn exporting() -> bool {
+    ANY.load(Ordering::Acquire)
 }
 
 pub(super) fn shutdown(service: &str) {
@@ -90,6 +139,7 @@ pub(super) fn open(
     name: Cow<'static, str>,
     kind: Kind,
     parent: Option<TraceContext>,
+    start: Option<std::time::SystemTime>,
 ) -> Option<(opentelemetry_sdk::trace::Span, TraceContext)> {
     let tracer = tracer(service)?;
     // The caller's flags and state as they came: the SDK's parent-based
@@ -114,7 +164,9 @@ pub(super) fn open(
         Kind::Consumer => otel::SpanKind::Consumer,
         Kind::Internal => otel::SpanKind::Internal,
     };
-    let span = tracer.build_with_context(SpanBuilder::from_name(name).with_kind(kind), &parent_cx);
+    let mut builder = SpanBuilder::from_name(name).with_kind(kind);
+    builder.start_time = start;
+    let span = tracer.build_with_context(builder, &parent_cx);
     let sc = span.span_context();
     let ctx = TraceContext {
         trace_id: sc.trace_id().to_bytes(),
