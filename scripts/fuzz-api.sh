@@ -4,7 +4,8 @@
 # operation and phase. Fails on any failure (5xx included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v schemathesis >/dev/null || pip install --quiet schemathesis
+# From PyPI into the checkout's .venv (scripts/venv.sh), not the system.
+PATH=$(scripts/venv.sh schemathesis):$PATH
 TOKEN=$(target/debug/reliability token --tenant "${FUZZ_TENANT:-1}")
 export TOKEN
 examples=${FUZZ_EXAMPLES:-50}

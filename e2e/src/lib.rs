@@ -48,7 +48,7 @@ impl Stack {
     /// services share (e.g. where they export spans).
     pub async fn start_with(settings: impl FnOnce(&mut CommonSettings)) -> anyhow::Result<Self> {
         let stop = ShutdownToken::new();
-        let mut common = CommonSettings::local();
+        let mut common = reliability::testing::common_settings();
         common.exchange = unique("reltest.stack.");
         common.queue_prefix = format!("{}.", common.exchange);
         settings(&mut common);

@@ -39,6 +39,15 @@ pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// A service's shared settings for a test: the local defaults, but the
+/// broker of `AMQP_URL` (the one every other part of the test talks to).
+pub fn common_settings() -> crate::service::CommonSettings {
+    crate::service::CommonSettings {
+        amqp_url: amqp_url(),
+        ..crate::service::CommonSettings::local()
+    }
+}
+
 /// Sends this process's logs (`RUST_LOG`, default `warn`) to the test's
 /// captured output, so a failing test shows what the services said (a
 /// refused publish, a reconnect) and a passing one stays quiet.

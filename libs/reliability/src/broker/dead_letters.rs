@@ -45,7 +45,7 @@ pub async fn peek_dead_letters(
     let dlq = dead_letter_queue(queue);
     let present = queue_depth(&channel, &dlq).await?;
     let mut out = Vec::new();
-    let mut last_tag = None;
+    let (mut last_tag, mut worn) = (None, 0);
     while out.len() < limit {
         let Some(msg) = channel
             .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
@@ -53,6 +53,7 @@ pub async fn peek_dead_letters(
         else {
             break;
         };
+        worn = worn.max(returns(&msg.delivery.properties));
         out.push(DeadLetter::of(&msg.delivery));
         last_tag = Some(msg.delivery.delivery_tag);
     }
@@ -70,7 +71,118 @@ pub async fn peek_dead_letters(
     }
     channel.close(200, "peek done".into()).await?;
     until_back(connection, &dlq, present).await?;
+    if worn >= WORN {
+        refresh(connection, &dlq, present).await?;
+    }
     Ok(out)
+}
+
+/// How often a dead letter may be handed back before a look refreshes the
+/// DLQ. RabbitMQ counts each return as a delivery, and since 4.0 every
+/// quorum queue has a delivery limit (20 by default) past which a message
+/// is dead-lettered; a DLQ has nowhere to send it, so the 21st look would
+/// drop it. (Declaring DLQs with a limit of their own is refused for those
+/// that exist: the limit is an argument a queue keeps.)
+const WORN: i64 = 10;
+
+/// The times the broker says this message was handed back
+/// (`x-delivery-count`; absent before the first return).
+fn returns(props: &lapin::BasicProperties) -> i64 {
+    let count = props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned());
+    match count {
+        Some(AMQPValue::LongLongInt(n)) => n,
+        Some(AMQPValue::LongInt(n)) => n.into(),
+        Some(AMQPValue::LongUInt(n)) => n.into(),
+        Some(AMQPValue::ShortInt(n)) => n.into(),
+        Some(AMQPValue::ShortUInt(n)) => n.into(),
+        _ => 0,
+    }
+}
+
+/// Moves the `count` messages at the head of `dlq` to its tail as fresh
+/// copies: the order is kept and each one's delivery count starts again.
+/// Each copy is confirmed before its original is acked, so a crash here
+/// leaves one letter twice (the consumer's dedup absorbs a double
+/// re-drive), never none. Letters that arrive meanwhile fall in between.
+async fn refresh(connection: &Connection, dlq: &str, count: u32) -> Result<()> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions { nowait: false })
+        .await?;
+    let mut moved = 0;
+    for _ in 0..count {
+        let Some(msg) = channel
+            .basic_get(dlq.into(), BasicGetOptions { no_ack: false })
+            .await?
+        else {
+            break;
+        };
+        // The broker's counters are its own; the x-death history stays.
+        let props = without_headers(msg.delivery.properties.clone(), |k| {
+            matches!(k, "x-delivery-count" | "x-acquired-count")
+        });
+        publish_confirmed(&channel, dlq, &msg.delivery.data, props).await?;
+        msg.delivery
+            .ack(lapin::options::BasicAckOptions { multiple: false })
+            .await?;
+        moved += 1;
+    }
+    channel.close(200, "refresh done".into()).await?;
+    tracing::info!(
+        dlq,
+        moved,
+        "dead letters refreshed: their delivery counts start again"
+    );
+    Ok(())
+}
+
+/// `props` without the headers `drop` names.
+fn without_headers(
+    props: lapin::BasicProperties,
+    drop: impl Fn(&str) -> bool,
+) -> lapin::BasicProperties {
+    let Some(headers) = props.headers().clone() else {
+        return props;
+    };
+    let mut kept = FieldTable::default();
+    for (k, v) in headers.inner() {
+        if !drop(k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    props.with_headers(kept)
+}
+
+/// Publishes to `queue` through the default exchange and waits for the
+/// broker's confirm (mandatory: an unroutable copy is an error).
+async fn publish_confirmed(
+    channel: &Channel,
+    queue: &str,
+    body: &[u8],
+    props: lapin::BasicProperties,
+) -> Result<()> {
+    let confirm = channel
+        .basic_publish(
+            ShortString::from(""),
+            queue.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            body,
+            props,
+        )
+        .await?
+        .await?;
+    match confirm {
+        Confirmation::Ack(None) => Ok(()),
+        other => Err(Error::Refused(format!(
+            "publish to queue {queue}: {other:?}"
+        ))),
+    }
 }
 
 /// How long a look at a DLQ waits for what it handed back to be ready
@@ -130,7 +242,7 @@ pub async fn redrive_dead_letters(
         .await?;
     let dlq = dead_letter_queue(queue);
     let present = queue_depth(&channel, &dlq).await? as usize;
-    let (mut moved, mut kept) = (0, Vec::new());
+    let (mut moved, mut kept, mut worn) = (0, Vec::new(), 0);
     for _ in 0..present {
         if moved == limit {
             break;
@@ -141,40 +253,15 @@ pub async fn redrive_dead_letters(
         else {
             break;
         };
-        let mut props = msg.delivery.properties.clone();
         if !filter.matches(&DeadLetter::of(&msg.delivery)) {
+            worn = worn.max(returns(&msg.delivery.properties));
             kept.push(msg.delivery.delivery_tag);
             continue;
         }
         // A fresh start: the old x-death history would count against the new
         // delivery limit and confuse the next operator reading it.
-        if let Some(headers) = props.headers().clone() {
-            let mut fresh = FieldTable::default();
-            for (k, v) in headers.inner() {
-                if !k.as_str().starts_with("x-") {
-                    fresh.insert(k.clone(), v.clone());
-                }
-            }
-            props = props.with_headers(fresh);
-        }
-        let confirm = channel
-            .basic_publish(
-                ShortString::from(""),
-                queue.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &msg.delivery.data,
-                props,
-            )
-            .await?
-            .await?;
-        if !matches!(confirm, Confirmation::Ack(None)) {
-            return Err(Error::Refused(format!(
-                "re-drive to queue {queue}: {confirm:?}"
-            )));
-        }
+        let props = without_headers(msg.delivery.properties.clone(), |k| k.starts_with("x-"));
+        publish_confirmed(&channel, queue, &msg.delivery.data, props).await?;
         msg.delivery
             .ack(lapin::options::BasicAckOptions { multiple: false })
             .await?;
@@ -189,7 +276,11 @@ pub async fn redrive_dead_letters(
         channel.basic_nack(tag, requeue).await?;
     }
     channel.close(200, "redrive done".into()).await?;
-    until_back(connection, &dlq, (present - moved) as u32).await?;
+    let left = (present - moved) as u32;
+    until_back(connection, &dlq, left).await?;
+    if worn >= WORN {
+        refresh(connection, &dlq, left).await?;
+    }
     Ok(moved)
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use graph::store::Store;
 use graph::{GraphSettings, SERVICE, Settings};
 use reliability::consumer::ConsumerConfig;
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 use serde_json::{Value, json};
 
@@ -20,7 +20,7 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
         edges.apply(&e).await.unwrap();
     }
     let db = TestDb::with_migrations(&graph::MIGRATIONS).await;
-    let mut common = CommonSettings::local();
+    let mut common = reliability::testing::common_settings();
     common.exchange = unique("reltest.graph.");
     let mut settings = Settings {
         role: Role::Serve,

@@ -6,7 +6,7 @@ mod appliers;
 mod stock;
 
 use inventory::{SERVICE, Settings};
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique};
 
 pub struct TestApp {
@@ -18,7 +18,7 @@ pub struct TestApp {
 impl TestApp {
     pub async fn spawn() -> Self {
         let db = TestDb::with_migrations(&inventory::MIGRATIONS).await;
-        let mut common = CommonSettings::local();
+        let mut common = reliability::testing::common_settings();
         common.exchange = unique("reltest.inventory.");
         let settings = Settings {
             role: Role::Serve,

@@ -29,7 +29,7 @@ impl TestApp {
     /// With settings of its own (e.g. admission bounds).
     pub async fn spawn_with(settings: impl FnOnce(&mut CommonSettings)) -> Self {
         let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
-        let mut common = CommonSettings::local();
+        let mut common = reliability::testing::common_settings();
         settings(&mut common);
         common.exchange = unique("reltest.orders.");
         let jwt = common.jwt_keys();

@@ -27,7 +27,7 @@ fn settings(role: Role, common: CommonSettings) -> Settings {
 }
 
 fn common() -> CommonSettings {
-    let mut common = CommonSettings::local();
+    let mut common = reliability::testing::common_settings();
     common.exchange = unique("reltest.ops.");
     common.queue_prefix = unique("reltest.ops.");
     common

@@ -17,7 +17,7 @@ use payments::{PspSettings, SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
 use reliability::outbox::Envelope;
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
+use reliability::service::{self, Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::json;
 
@@ -39,7 +39,7 @@ impl TestApp {
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
         tokio::spawn(sim.run_until_stopped(stop.clone()));
 
-        let mut common = CommonSettings::local();
+        let mut common = reliability::testing::common_settings();
         common.exchange = unique("reltest.payments.");
         let jwt = common.jwt_keys();
         let settings = Settings {

@@ -211,7 +211,7 @@ async fn a_provider_timeout_that_outlives_the_lease_is_refused_at_startup() {
             psp_lease_secs: 30,
             ..Default::default()
         },
-        ..payments::Settings::local(reliability::service::CommonSettings::local())
+        ..payments::Settings::local(reliability::testing::common_settings())
     };
     let stop = reliability::service::ShutdownToken::new();
     let refused = reliability::service::start(&payments::SERVICE, settings, db.databases(), stop)

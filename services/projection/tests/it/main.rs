@@ -9,13 +9,13 @@ use projection::views::{CONSUMER, Views};
 use projection::{SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::{Value, json};
 
 pub(crate) async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     let db = TestDb::with_migrations(&projection::MIGRATIONS).await;
-    let mut common = CommonSettings::local();
+    let mut common = reliability::testing::common_settings();
     common.exchange = unique("reltest.projection.");
     let settings = Settings {
         role: Role::Serve,

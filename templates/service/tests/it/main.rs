@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::service::{Role, ShutdownToken};
 use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 use __SERVICE__::Settings;
 
@@ -20,7 +20,7 @@ impl TestApp {
     /// The whole service (HTTP, relay, consumer) on a database and exchange of its own.
     async fn spawn() -> Self {
         let db = TestDb::with_migrations(&__SERVICE__::MIGRATIONS).await;
-        let mut common = CommonSettings::local();
+        let mut common = reliability::testing::common_settings();
         common.exchange = unique("reltest.__SERVICE__.");
         common.queue_prefix = format!("{}.", common.exchange);
         let common_prefix = common.queue_prefix.clone();

@@ -116,3 +116,60 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
     let _ = ch.close(200, "done".into()).await;
     broker.cleanup(&[&queue]).await;
 }
+
+/// RabbitMQ 4 gives every quorum queue a delivery limit (20 by default)
+/// and counts a message handed back by a look at the DLQ as a delivery; a
+/// DLQ has nowhere to dead-letter to, so the 21st look would drop it.
+/// Looks refresh the DLQ before that: 30 looks and 30 re-drives that move
+/// nothing, and both letters are still there, in order, then re-driven.
+#[tokio::test]
+async fn looking_at_a_dead_letter_more_often_than_any_delivery_limit_loses_nothing() {
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let dlq = broker::dead_letter_queue(&queue);
+    let ch = broker.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions { nowait: false })
+        .await
+        .unwrap();
+    for id in ["svc:1", "svc:2"] {
+        let props = BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type("A".into());
+        ch.basic_publish(
+            "".into(),
+            dlq.as_str().into(),
+            BasicPublishOptions::default(),
+            id.as_bytes(),
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let nothing = DeadLetterFilter {
+        message_id: Some("svc:none".into()),
+        ..Default::default()
+    };
+    for look in 1..=30 {
+        let seen = broker::peek_dead_letters(&broker.conn, &queue, 10)
+            .await
+            .unwrap();
+        let ids: Vec<_> = seen.into_iter().filter_map(|l| l.message_id).collect();
+        assert_eq!(ids, ["svc:1", "svc:2"], "look {look}: both, in order");
+        let moved = broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &nothing)
+            .await
+            .unwrap();
+        assert_eq!(moved, 0);
+    }
+    assert_eq!(broker.depth(&dlq).await, 2);
+    let all = DeadLetterFilter::default();
+    assert_eq!(
+        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &all)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(broker.depth(&queue).await, 2);
+    assert_eq!(broker.depth(&dlq).await, 0);
+}
