@@ -49,6 +49,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
+mkdir -p "$STOCK_DIR"
 : >"$report"
 step_start=0
 begin() { step=$1; step_start=$SECONDS; say "$step"; }
