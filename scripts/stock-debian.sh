@@ -9,10 +9,12 @@
 #      pip or git;
 #   2. a user, `dev`, with sudo, and this commit's checkout in its home
 #      (cloned by the host's git, owned by the user);
-#   3. ONE STEP THAT IS NOT STOCK: the host's stable Rust toolchain copied into
-#      the user's ~/.rustup and ~/.cargo, because these machines cannot reach
-#      rustup's host. `./dev` would run rustup's installer there instead.
-#      Nothing else is copied: no crate cache, no cargo-nextest;
+#   3. WHAT IS NOT STOCK, said plainly: the host's stable Rust toolchain
+#      copied into the user's ~/.rustup and ~/.cargo, because these machines
+#      cannot reach rustup's host (`./dev` would run rustup's installer
+#      there instead); and the certificate authorities the host added to its
+#      own trust (/usr/local/share/ca-certificates), because this network
+#      inspects TLS. Nothing else is copied: no crate cache, no cargo-nextest;
 #   4. a network namespace of its own (its own 127.0.0.1, so its PostgreSQL
 #      and RabbitMQ take their default ports beside the host's), reaching
 #      Debian's mirror, crates.io and PyPI through the host by NAT;
@@ -94,6 +96,13 @@ begin "the user dev (sudo), the checkout, and the host's Rust toolchain"
 printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The other step that is not stock, where the host's network needs it: the
+# certificate authorities this host added (a network that inspects TLS has
+# one), so that the box reaches crates.io and PyPI as the host does.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >/dev/null
+fi
 printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$(hostname)" >"$root/etc/hosts"
 chroot "$root" useradd --create-home --shell /bin/bash --uid 1000 dev
 echo 'dev ALL=(ALL) NOPASSWD:ALL' >"$root/etc/sudoers.d/dev"
