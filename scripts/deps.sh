@@ -121,6 +121,10 @@ if tcp_open 127.0.0.1 5672; then
 else
   say "RabbitMQ: starting (rabbitmq-server -detached)"
   as_root rabbitmq-server -detached
+  # await_startup refuses a node that has not registered yet: wait for
+  # the port first (a first start initialises its database: up to 2 min).
+  for _ in $(seq 1 120); do tcp_open 127.0.0.1 5672 && break; sleep 1; done
+  tcp_open 127.0.0.1 5672 || { echo "RabbitMQ did not open 5672 in 120 s: see /var/log/rabbitmq/" >&2; exit 1; }
   as_root rabbitmqctl -q await_startup
 fi
 rabbitmq_version=$(as_root rabbitmq-diagnostics -q server_version 2>/dev/null | tail -1 || true)

@@ -7,8 +7,9 @@ use reliability::broker::{self, DeadLetterFilter};
 
 use crate::support::Broker;
 
-#[tokio::test]
-async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_keep_their_order() {
+/// A consumer queue whose DLQ holds `letters` (message id, event type), in
+/// that order: the broker, the queue and its DLQ.
+async fn dead_letters(letters: &[(&str, &str)]) -> (Broker, String, String) {
     let broker = Broker::new().await;
     let queue = broker.queue(&["svc.*"]).await;
     let dlq = broker::dead_letter_queue(&queue);
@@ -16,15 +17,10 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
     ch.confirm_select(ConfirmSelectOptions { nowait: false })
         .await
         .unwrap();
-    for (id, kind) in [
-        ("svc:1", "A"),
-        ("svc:2", "B"),
-        ("svc:3", "A"),
-        ("svc:4", "B"),
-    ] {
+    for (id, kind) in letters {
         let props = BasicProperties::default()
-            .with_message_id(id.into())
-            .with_type(kind.into());
+            .with_message_id((*id).into())
+            .with_type((*kind).into());
         ch.basic_publish(
             "".into(),
             dlq.as_str().into(),
@@ -37,6 +33,18 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         .await
         .unwrap();
     }
+    (broker, queue, dlq)
+}
+
+#[tokio::test]
+async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_keep_their_order() {
+    let (broker, queue, dlq) = dead_letters(&[
+        ("svc:1", "A"),
+        ("svc:2", "B"),
+        ("svc:3", "A"),
+        ("svc:4", "B"),
+    ])
+    .await;
     let ids = |letters: Vec<broker::DeadLetter>| -> Vec<String> {
         letters.into_iter().filter_map(|l| l.message_id).collect()
     };
@@ -124,29 +132,7 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
 /// nothing, and both letters are still there, in order, then re-driven.
 #[tokio::test]
 async fn looking_at_a_dead_letter_more_often_than_any_delivery_limit_loses_nothing() {
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let dlq = broker::dead_letter_queue(&queue);
-    let ch = broker.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions { nowait: false })
-        .await
-        .unwrap();
-    for id in ["svc:1", "svc:2"] {
-        let props = BasicProperties::default()
-            .with_message_id(id.into())
-            .with_type("A".into());
-        ch.basic_publish(
-            "".into(),
-            dlq.as_str().into(),
-            BasicPublishOptions::default(),
-            id.as_bytes(),
-            props,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    let (broker, queue, dlq) = dead_letters(&[("svc:1", "A"), ("svc:2", "A")]).await;
     let nothing = DeadLetterFilter {
         message_id: Some("svc:none".into()),
         ..Default::default()
