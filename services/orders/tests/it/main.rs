@@ -8,8 +8,8 @@ mod ops;
 mod saga;
 
 use orders::{SERVICE, Settings};
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
-use reliability::testing::{Answer, ApiClient, TestDb, unique};
+use reliability::service::{CommonSettings, Role, ShutdownToken};
+use reliability::testing::{Answer, ApiClient, Served, TestDb, serve, unique};
 use serde_json::Value;
 
 /// The orders service on a free port with a database of its own.
@@ -32,18 +32,11 @@ impl TestApp {
         let mut common = reliability::testing::common_settings();
         settings(&mut common);
         common.exchange = unique("reltest.orders.");
-        let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
             ..Settings::local(common)
         };
-        let stop = ShutdownToken::new();
-        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
-            .await
-            .unwrap();
-        let api = ApiClient::new(app.port(), jwt);
-        let ops = format!("http://127.0.0.1:{}", app.ops_port());
-        tokio::spawn(app.run_until_stopped());
+        let Served { api, ops, stop } = serve(&SERVICE, settings, db.databases()).await;
         Self { api, ops, db, stop }
     }
 

@@ -17,8 +17,8 @@ use payments::{PspSettings, SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
 use reliability::outbox::Envelope;
-use reliability::service::{self, Role, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
+use reliability::service::{Role, ShutdownToken};
+use reliability::testing::{ApiClient, Served, TestDb, amqp_url, serve, unique};
 use serde_json::json;
 
 pub struct TestApp {
@@ -32,16 +32,13 @@ pub struct TestApp {
 impl TestApp {
     pub async fn spawn() -> Self {
         let db = TestDb::with_migrations(&payments::MIGRATIONS).await;
-        let stop = ShutdownToken::new();
         let sim = psp_sim::Application::build(psp_sim::Settings::local(0))
             .await
             .unwrap();
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
-        tokio::spawn(sim.run_until_stopped(stop.clone()));
 
         let mut common = reliability::testing::common_settings();
         common.exchange = unique("reltest.payments.");
-        let jwt = common.jwt_keys();
         let settings = Settings {
             role: Role::Serve,
             service: PspSettings {
@@ -51,11 +48,9 @@ impl TestApp {
             },
             ..Settings::local(common)
         };
-        let app = service::start(&SERVICE, settings, db.databases(), stop.clone())
-            .await
-            .unwrap();
-        let api = ApiClient::new(app.port(), jwt);
-        tokio::spawn(app.run_until_stopped());
+        let Served { api, stop, .. } = serve(&SERVICE, settings, db.databases()).await;
+        // The simulator's port is bound already; it stops with the service.
+        tokio::spawn(sim.run_until_stopped(stop.clone()));
         Self {
             api,
             db,

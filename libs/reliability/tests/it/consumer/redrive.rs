@@ -33,6 +33,7 @@ async fn dead_letters(letters: &[(&str, &str)]) -> (Broker, String, String) {
         .await
         .unwrap();
     }
+    let _ = ch.close(200, "done".into()).await;
     (broker, queue, dlq)
 }
 
@@ -121,7 +122,6 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         0
     );
     assert_eq!(broker.depth(&dlq).await, 1);
-    let _ = ch.close(200, "done".into()).await;
     broker.cleanup(&[&queue]).await;
 }
 
