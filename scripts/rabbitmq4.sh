@@ -37,6 +37,14 @@ start() {
   mountpoint -q "$ROOT/dev" || mount --rbind /dev "$ROOT/dev"
   if ! answers; then
     in_root rabbitmq-server -detached
+    # await_startup refuses a node still in prelaunch (not yet known to
+    # epmd), and a first start initialises its database: the port first,
+    # within 120 s.
+    local deadline=$((SECONDS + 120))
+    until answers; do
+      ((SECONDS < deadline)) || { say "no AMQP port on $PORT after 120 s: see $ROOT/var/log/rabbitmq/"; exit 1; }
+      sleep 1
+    done
     in_root timeout 120 rabbitmqctl -q await_startup
     in_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
   fi
@@ -47,7 +55,8 @@ start() {
 stop() {
   if [ -d "$ROOT" ]; then
     in_root rabbitmqctl -q stop >/dev/null 2>&1 || true
-    in_root sh -c 'pkill -f epmd' 2>/dev/null || true
+    # Whatever still runs inside the root filesystem (its epmd): chosen by
+    # its root, never by name, which would reach the host's own epmd.
     for p in /proc/[0-9]*; do
       [ "$(readlink "$p/root" 2>/dev/null)" = "$ROOT" ] && kill -9 "${p#/proc/}" 2>/dev/null || true
     done
