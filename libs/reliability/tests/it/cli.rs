@@ -5,11 +5,16 @@ use std::process::{Command, Stdio};
 
 use reliability::testing::{TestDb, database_url};
 
+/// The owner's URL as an operator gives it: the role's password where
+/// PostgreSQL asks for one (`DB_ROLE_PASSWORD`, scram on a stock Debian),
+/// never the superuser's.
 fn owner_url(db: &TestDb) -> String {
     let mut url = reqwest::Url::parse(&database_url()).unwrap();
     url.set_path(&db.name);
     url.set_username(reliability::db::OWNER_ROLE).unwrap();
-    url.set_password(None).unwrap();
+    let password = std::env::var(reliability::db::ROLE_PASSWORD_ENV).ok();
+    url.set_password(password.as_deref().filter(|p| !p.is_empty()))
+        .unwrap();
     url.to_string()
 }
 
