@@ -235,8 +235,13 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: shutdown, crash, cannot
             // connect now (starting or in recovery); 53: insufficient
-            // resources (disk full, out of memory, too many connections).
+            // resources (disk full, out of memory, too many connections);
+            // 28: the server refused our own credentials (a password
+            // rotated on one side only, a role not created yet): our
+            // configuration, never the message's fault, so no event may
+            // be dead-lettered for it.
             code.starts_with("08")
+                || code.starts_with("28")
                 || code.starts_with("53")
                 || matches!(&*code, "57P01" | "57P02" | "57P03")
         }),

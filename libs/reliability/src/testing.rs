@@ -166,12 +166,13 @@ impl TestDb {
     /// A pool for `role` that connects through `via` (a [`TcpProxy`] in front
     /// of PostgreSQL), so a test can cut the database off.
     pub async fn pool_via(&self, role: &str, via: SocketAddr) -> PgPool {
-        let opts = PgConnectOptions::from_str(&database_url())
+        let base = PgConnectOptions::from_str(&database_url())
             .expect("DATABASE_URL is a valid URL")
             .database(&self.name)
-            .username(role)
             .host(&via.ip().to_string())
             .port(via.port());
+        // The role's own password where PostgreSQL asks for one.
+        let opts = db::options_for_role(&base, role);
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_millis(200))

@@ -172,6 +172,7 @@ async fn a_url_list_reaches_the_node_that_answers() {
 async fn one_classifier_tells_a_dependency_down_from_a_settled_conflict_from_bad_data() {
     use reliability::db::{is_retryable_at_no_cost, is_unavailable};
     use sqlx::Connection as _;
+    use std::str::FromStr as _;
 
     let db = TestDb::new().await;
     // A lock wait the server ended (55P03): retried at no cost, not a
@@ -215,6 +216,21 @@ async fn one_classifier_tells_a_dependency_down_from_a_settled_conflict_from_bad
     assert!(
         is_unavailable(&down) && is_retryable_at_no_cost(&down),
         "{down}"
+    );
+    // The server refuses our own credentials (SQLSTATE class 28: here a
+    // role that does not exist; a password rotated on one side only under
+    // scram): our configuration, never a message's fault. Counted as
+    // bad data, it dead-lettered every message a consumer took (seen on a
+    // stock Debian, whose PostgreSQL asks for passwords).
+    let options = sqlx::postgres::PgConnectOptions::from_str(&reliability::testing::database_url())
+        .unwrap()
+        .username("reltest_no_such_role");
+    let refused = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect_err("no such role");
+    assert!(
+        is_unavailable(&refused) && is_retryable_at_no_cost(&refused),
+        "{refused}"
     );
     db.cleanup().await;
 }
