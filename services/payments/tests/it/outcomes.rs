@@ -110,6 +110,15 @@ async fn past_the_deadline_a_payment_fails_and_what_it_may_have_charged_is_refun
         ..Faults::default()
     });
     first.process_due().await.unwrap();
+    // Order 4's next try waits (its backoff is 200 ms, less than a loaded
+    // machine takes to reach the next pass, which then retried it under
+    // order 5's faults and found its charge): the next pass is order 5's.
+    sqlx::query(
+        "UPDATE payments SET next_attempt_at = now() + interval '1 hour' WHERE order_id = 4",
+    )
+    .execute(&app.db.owner)
+    .await
+    .unwrap();
     app.reserve(1, 5, "c-1", 500).await;
     app.psp.set_faults(Faults {
         fail_next: 1,
