@@ -27,8 +27,9 @@
 #
 # Needs root on the host, debootstrap and nftables (it installs them), about
 # 6 GB under STOCK_DIR and 30-45 minutes on 2 cores (most of it compiling).
-# Everything it started is stopped and unmounted at the end; the root
-# filesystem stays for a look (STOCK_KEEP=0 removes it).
+# Everything it started is stopped and unmounted at the end, and the root
+# filesystem is removed (STOCK_KEEP=1 keeps it for a look): with its
+# build it holds several GB, on a disk the next build may need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 checkout=$(pwd)
@@ -78,7 +79,7 @@ stop_box() {
 }
 cleanup() {
   stop_box
-  if [ "${STOCK_KEEP:-1}" = 0 ]; then rm -rf "$root"; fi
+  if [ "${STOCK_KEEP:-0}" = 0 ]; then rm -rf "$root"; fi
 }
 trap cleanup EXIT
 
