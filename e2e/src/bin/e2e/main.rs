@@ -228,10 +228,35 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
         // The verdict now, not only in the table at the end.
         let secs = t0.elapsed().as_secs_f64();
         match (&skipped, verdict.violations.as_slice()) {
-            (_, [_, ..]) => println!(
-                "   FAIL {name} ({secs:.1} s): {}",
-                verdict.violations.join("; ")
-            ),
+            (_, [_, ..]) => {
+                println!(
+                    "   FAIL {name} ({secs:.1} s): {}",
+                    verdict.violations.join("; ")
+                );
+                // Where the missing work waits, if in the broker: ready or
+                // held unacked by a consumer (for the next reader's cause).
+                match run
+                    .world
+                    .ctl(
+                        0,
+                        &[
+                            "-q",
+                            "list_queues",
+                            "name",
+                            "messages_ready",
+                            "messages_unacknowledged",
+                            "consumers",
+                            "leader",
+                        ],
+                    )
+                    .await
+                {
+                    Ok(queues) => {
+                        println!("   queues (name ready unacked consumers leader):\n{queues}")
+                    }
+                    Err(e) => println!("   queues: not listed ({e:#})"),
+                }
+            }
             (Some(why), []) => println!("   SKIP {name}: {why}"),
             (None, []) => println!("   PASS {name} ({secs:.1} s): {faults}"),
         }
