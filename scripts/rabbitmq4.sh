@@ -49,7 +49,6 @@ start() {
     in_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
   fi
   say "$(in_root rabbitmq-diagnostics -q server_version | tail -1) on 127.0.0.1:$PORT"
-  echo "amqp://guest:guest@127.0.0.1:$PORT/%2f"
 }
 
 stop() {
@@ -67,7 +66,9 @@ stop() {
 }
 
 case ${1:-} in
-  start) start ;;
+  # Standard output carries the URL alone (callers take it with $(...)):
+  # whatever apt, debootstrap or the broker's tools print goes to stderr.
+  start) start >&2 && echo "amqp://guest:guest@127.0.0.1:$PORT/%2f" ;;
   stop) stop ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac
