@@ -233,28 +233,40 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
                     "   FAIL {name} ({secs:.1} s): {}",
                     verdict.violations.join("; ")
                 );
-                // Where the missing work waits, if in the broker: ready or
-                // held unacked by a consumer (for the next reader's cause).
-                match run
-                    .world
-                    .ctl(
-                        0,
+                // Where the missing work waits, if in the broker: ready,
+                // held unacked by a live channel or by none (a queue's
+                // unacked beyond its channels' sum), or never routed (a
+                // binding gone). For the next reader's cause.
+                for (what, args) in [
+                    (
+                        "queues (name ready unacked consumers leader)",
                         &[
-                            "-q",
                             "list_queues",
                             "name",
                             "messages_ready",
                             "messages_unacknowledged",
                             "consumers",
                             "leader",
-                        ],
-                    )
-                    .await
-                {
-                    Ok(queues) => {
-                        println!("   queues (name ready unacked consumers leader):\n{queues}")
+                        ][..],
+                    ),
+                    (
+                        "channels (name unacked)",
+                        &["list_channels", "name", "messages_unacknowledged"][..],
+                    ),
+                    (
+                        "bindings (source destination key)",
+                        &[
+                            "list_bindings",
+                            "source_name",
+                            "destination_name",
+                            "routing_key",
+                        ][..],
+                    ),
+                ] {
+                    match run.world.ctl(0, args).await {
+                        Ok(listed) => println!("   {what}:\n{listed}"),
+                        Err(e) => println!("   {what}: not listed ({e:#})"),
                     }
-                    Err(e) => println!("   queues: not listed ({e:#})"),
                 }
             }
             (Some(why), []) => println!("   SKIP {name}: {why}"),
