@@ -68,7 +68,12 @@ stop() {
 case ${1:-} in
   # Standard output carries the URL alone (callers take it with $(...)):
   # whatever apt, debootstrap or the broker's tools print goes to stderr.
-  start) start >&2 && echo "amqp://guest:guest@127.0.0.1:$PORT/%2f" ;;
+  # Not `start >&2 && echo`: inside an && list bash suspends set -e for
+  # the whole function, and a failed step would still print the URL.
+  start)
+    start >&2
+    echo "amqp://guest:guest@127.0.0.1:$PORT/%2f"
+    ;;
   stop) stop ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac
