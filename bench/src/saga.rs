@@ -5,76 +5,122 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::{Latencies, Sizes, Table, ms};
 
-/// How often a client looks whether its order is confirmed. The latency
-/// itself is read from the databases' own clocks (below), so the poll adds
-/// no error to it, only load: 16 clients polling every millisecond were
-/// most of what the stack served (two GETs each per poll).
-const POLL: Duration = Duration::from_millis(50);
+/// How often the watcher looks for confirmations. It looks with one query
+/// per database for every order the clients wait on, so its load does not
+/// grow with the clients. Until session 23 each client polled its own order
+/// over HTTP (two GETs per poll every 50 ms): at 16 clients that was most
+/// of the CPU the machine spent, and the latency it measured was the
+/// measurement's own queueing (docs/benchmarks.md).
+const WATCH: Duration = Duration::from_millis(5);
+
+/// An order a client waits on: when it was sent (epoch seconds), and where
+/// to say when orders and the projection recorded it confirmed.
+type Waiting =
+    std::collections::HashMap<i64, (f64, tokio::sync::oneshot::Sender<(Duration, Duration)>)>;
+
+/// Watches both databases for the orders in `waiting` until `stop`.
+async fn watch(
+    stack: &e2e::Stack,
+    waiting: &std::sync::Mutex<Waiting>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    let confirmed = |sql: &'static str, pool: sqlx::PgPool, ids: Vec<i64>| async move {
+        let rows: Vec<(i64, f64)> = sqlx::query_as(sql).bind(ids).fetch_all(&pool).await?;
+        anyhow::Ok(
+            rows.into_iter()
+                .collect::<std::collections::HashMap<_, _>>(),
+        )
+    };
+    while !stop.is_cancelled() {
+        tokio::time::sleep(WATCH).await;
+        let ids: Vec<i64> = waiting
+            .lock()
+            .expect("watch lock")
+            .keys()
+            .copied()
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let orders = confirmed(
+            "SELECT order_id, extract(epoch FROM updated_at)::float8 FROM orders
+             WHERE order_id = ANY($1) AND status = 'confirmed'",
+            stack.dbs.orders.owner.clone(),
+            ids,
+        )
+        .await?;
+        if orders.is_empty() {
+            continue;
+        }
+        // The view's last update: at or after it showed `confirmed`.
+        let views = confirmed(
+            "SELECT order_id, extract(epoch FROM updated_at)::float8 FROM order_views
+             WHERE order_id = ANY($1) AND status = 'confirmed'",
+            stack.dbs.projection.owner.clone(),
+            orders.keys().copied().collect(),
+        )
+        .await?;
+        let mut waiting = waiting.lock().expect("watch lock");
+        for (id, view_at) in views {
+            if let Some((sent, tell)) = waiting.remove(&id) {
+                let since = |at: f64| Duration::from_secs_f64((at - sent).max(0.0));
+                let _ = tell.send((since(orders[&id]), since(view_at)));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Places one order; the time from sending it until orders and the
 /// projection recorded it confirmed. Each end is the time the confirming
 /// transaction began (`updated_at = now()`) on the machine's own clock, the
-/// one the client read before sending, so neither the poll interval nor
-/// the GETs count.
-async fn follow(stack: &e2e::Stack) -> anyhow::Result<(Duration, Duration)> {
+/// one the client read before sending, so neither the watcher's interval
+/// nor its queries count.
+async fn follow(
+    stack: &e2e::Stack,
+    waiting: &std::sync::Mutex<Waiting>,
+) -> anyhow::Result<(Duration, Duration)> {
     let sent = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
-    let t0 = Instant::now();
     let id = stack.order(1, "c-bench", "SKU-B", 1).await;
-    let path = format!("/orders/{id}");
-    let deadline = t0 + Duration::from_secs(60);
-    let mut seen = [false, false];
-    while !seen.iter().all(|s| *s) {
-        anyhow::ensure!(Instant::now() < deadline, "order {id} never confirmed");
-        tokio::time::sleep(POLL).await;
-        if !seen[0] {
-            seen[0] = stack.orders.get(1, &path).await.1["status"] == "confirmed";
-        }
-        if seen[0] && !seen[1] {
-            seen[1] = stack.projection.get(1, &path).await.1["status"] == "confirmed";
-        }
+    let (tell, told) = tokio::sync::oneshot::channel();
+    waiting.lock().expect("watch lock").insert(id, (sent, tell));
+    match tokio::time::timeout(Duration::from_secs(60), told).await {
+        Ok(Ok(times)) => Ok(times),
+        _ => anyhow::bail!("order {id} never confirmed in orders and the projection"),
     }
-    let at = |sql: &'static str, pool: sqlx::PgPool| async move {
-        let secs: f64 = sqlx::query_scalar(sql).bind(id).fetch_one(&pool).await?;
-        anyhow::Ok(Duration::from_secs_f64((secs - sent).max(0.0)))
-    };
-    Ok((
-        at(
-            "SELECT extract(epoch FROM updated_at)::float8 FROM orders WHERE order_id = $1",
-            stack.dbs.orders.owner.clone(),
-        )
-        .await?,
-        // The view's last update: at or after it showed `confirmed`.
-        at(
-            "SELECT extract(epoch FROM updated_at)::float8 FROM order_views WHERE order_id = $1",
-            stack.dbs.projection.owner.clone(),
-        )
-        .await?,
-    ))
 }
 
 pub(crate) async fn end_to_end(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     let stack = e2e::Stack::start().await?;
     stack.stock(1, "SKU-B", 1_000_000).await;
-    let mut light = (Vec::new(), Vec::new());
-    for _ in 0..s.e2e_light {
-        let (o, p) = follow(&stack).await?;
-        light.0.push(o);
-        light.1.push(p);
-    }
+    let waiting = std::sync::Mutex::new(Waiting::new());
+    let stop = tokio_util::sync::CancellationToken::new();
     let heavy_clients = 16;
-    let t0 = Instant::now();
-    let heavy_from = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
-    let runs = futures_util::future::join_all((0..heavy_clients).map(|_| async {
-        let mut out = Vec::new();
-        for _ in 0..s.e2e_heavy {
-            out.push(follow(&stack).await?);
+    let clients = async {
+        let mut light = (Vec::new(), Vec::new());
+        for _ in 0..s.e2e_light {
+            let (o, p) = follow(&stack, &waiting).await?;
+            light.0.push(o);
+            light.1.push(p);
         }
-        anyhow::Ok(out)
-    }))
-    .await;
+        let t0 = Instant::now();
+        let heavy_from = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
+        let runs = futures_util::future::join_all((0..heavy_clients).map(|_| async {
+            let mut out = Vec::new();
+            for _ in 0..s.e2e_heavy {
+                out.push(follow(&stack, &waiting).await?);
+            }
+            anyhow::Ok(out)
+        }))
+        .await;
+        stop.cancel();
+        anyhow::Ok((light, t0, heavy_from, runs))
+    };
+    let ((light, t0, heavy_from, runs), ()) =
+        tokio::try_join!(clients, watch(&stack, &waiting, &stop))?;
     // Closed-loop clients (Little's law): the rate is the clients over a
-    // client's cycle (its order confirmed in orders and in the projection,
-    // and the polls that see it).
+    // client's cycle (its order placed, then seen confirmed in orders and
+    // in the projection).
     let heavy_secs = t0.elapsed().as_secs_f64();
     let hops = hops(&stack, heavy_from).await?;
     println!("   placed -> confirmed at {heavy_clients} clients, p50 by hop: {hops}");
