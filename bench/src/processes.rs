@@ -83,6 +83,13 @@ async fn stack(
         layout,
         &[
             ("RUST_LOG", "warn"),
+            // Thirteen processes with the default pools (16 each for the
+            // runtime role) took all of a default PostgreSQL's 100
+            // connections at the peak of the 300 ms round (payments' consumer
+            // 19, orders' API 16, the projection's consumer 14, ...), and a
+            // pool of the bench's own then timed out. 10 leaves room; two
+            // cores never run more than a few statements at once anyway.
+            ("DB_POOL_SIZE", "10"),
             ("ADMISSION_MAX_IN_FLIGHT", "0"),
             ("ADMISSION_TENANT_MAX_IN_FLIGHT", &bounds.join(",")),
         ],
