@@ -264,9 +264,7 @@ pub async fn launch_built(
             .iter()
             .filter(|s| s.partitions == 0)
             .filter(|s| bin(s.consumer.split('.').next().unwrap_or_default()).exists())
-            .flat_map(|s| {
-                reliability::broker::QueueSpec::for_subscription(s, "", &prefix).queues()
-            })
+            .flat_map(|s| reliability::broker::QueueSpec::for_subscription(s, "", &prefix).queues())
             .collect()
     };
     reliability::testing::wait_for_queues(&expected).await;
