@@ -32,8 +32,16 @@ pub const MAX_PARTITIONS: u16 = 8;
 /// The queues the stack's events wait in, with `prefix`: each order-free
 /// subscription's queue, each ordered one's partitions (the code's K).
 pub fn queues(prefix: &str) -> Vec<String> {
-    contracts::topology::ALL
-        .iter()
+    queues_of(contracts::topology::ALL, prefix)
+}
+
+/// The queues `subscriptions` consume from, partitions included.
+fn queues_of<'a>(
+    subscriptions: impl IntoIterator<Item = &'a contracts::topology::Subscription>,
+    prefix: &str,
+) -> Vec<String> {
+    subscriptions
+        .into_iter()
         .flat_map(|s| reliability::broker::QueueSpec::for_subscription(s, "", prefix).queues())
         .collect()
 }
@@ -260,12 +268,12 @@ pub async fn launch_built(
         // subscriptions (docs/adr/0028) and may lack a service of today's
         // roster: it declares only the order-free queues of the services
         // it has.
-        contracts::topology::ALL
-            .iter()
-            .filter(|s| s.partitions == 0)
-            .filter(|s| bin(s.consumer.split('.').next().unwrap_or_default()).exists())
-            .flat_map(|s| reliability::broker::QueueSpec::for_subscription(s, "", &prefix).queues())
-            .collect()
+        queues_of(
+            contracts::topology::ALL.iter().filter(|s| {
+                s.partitions == 0 && bin(s.consumer.split('.').next().unwrap_or_default()).exists()
+            }),
+            &prefix,
+        )
     };
     reliability::testing::wait_for_queues(&expected).await;
     Ok((cluster, dbs))
