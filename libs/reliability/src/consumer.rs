@@ -47,10 +47,12 @@ pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};
 pub use replay::Replayed;
 
-/// The ordered subscription's record-and-gate statement, for a test of
-/// its plan.
+/// The ordered subscription's record-and-gate statement and its look-up
+/// of the aggregates it did not advance, for a test of their plans.
 #[cfg(feature = "testing")]
 pub const GATE_SQL: &str = ordered::GATE_SQL;
+#[cfg(feature = "testing")]
+pub const STATE_SQL: &str = ordered::STATE_SQL;
 
 /// Applies one event to a consumer's state inside the given transaction.
 ///

@@ -32,11 +32,22 @@ fn key(e: &Envelope) -> Key {
 
 /// The record-and-gate statement of [`Consumer::record_gated`]: `$1`
 /// tenant, `$2` consumer, `$3` sources, `$4` ids, `$5` stripe, `$6`
-/// aggregate types, `$7` aggregate ids, `$8` sequence numbers.
+/// aggregate types, `$7` aggregate ids, `$8` sequence numbers, `$9`
+/// whether the event's aggregate may take the quick way (its events here
+/// are numbered and ascending). Returns each fresh event with whether its
+/// aggregate advanced.
+///
+/// Only the common case is decided here: an aggregate not parked whose
+/// fresh events all come after its position moves to the last of them, in
+/// the position's own upsert (its arbiter reads the position; a row it
+/// does not update is one not in order). Everything else is decided by
+/// [`Consumer::record_gated`] from [`STATE_SQL`]: a window and a grouping
+/// here to decide every case cost PostgreSQL a fifth more per event
+/// (docs/adr/0033).
 pub(super) const GATE_SQL: &str = concat!(
     "WITH seen AS (
-             SELECT * FROM unnest($3::text[], $4::bigint[], $6::text[], $7::text[], $8::bigint[])
-                 WITH ORDINALITY AS s (source, message_id, aggregate_type, aggregate_id, seq, pos)
+             SELECT * FROM unnest($3::text[], $4::bigint[], $6::text[], $7::text[], $8::bigint[], $9::bool[])
+                 AS s (source, message_id, aggregate_type, aggregate_id, seq, quick)
          ), fresh AS (
              INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
              SELECT DISTINCT $1::bigint, $2::text, source, message_id FROM seen
@@ -46,44 +57,43 @@ pub(super) const GATE_SQL: &str = concat!(
          ), ",
     super::apply::offsets_ctes!(),
     ", ev AS (
-             SELECT DISTINCT ON (s.source, s.message_id) s.*
-             FROM seen s JOIN fresh f USING (source, message_id)
-             ORDER BY s.source, s.message_id, s.pos
-         ), state AS (
-             -- A look-up per aggregate on the whole key, never a join:
-             -- on tables not analyzed yet (a new deployment) the
-             -- planner joined by a scan of all the tenant's positions,
-             -- a cost growing with its aggregates (docs/adr/0028).
-             SELECT k.*,
-                    (SELECT p.last_seq FROM aggregate_positions p
-                     WHERE p.tenant_id = $1 AND p.consumer = $2 AND p.source = k.source
-                       AND p.aggregate_type = k.aggregate_type
-                       AND p.aggregate_id = k.aggregate_id) AS last_seq,
-                    EXISTS (SELECT FROM parked_aggregates a
-                            WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
-                              AND a.aggregate_type = k.aggregate_type
-                              AND a.aggregate_id = k.aggregate_id) AS parked
-             FROM (SELECT DISTINCT source, aggregate_type, aggregate_id FROM ev) k
-         ), checked AS (
-             SELECT s.source, s.aggregate_type, s.aggregate_id, s.last_seq, s.parked,
-                    bool_and(e.seq IS NULL OR e.seq > COALESCE(GREATEST(s.last_seq, e.before), 0)) AS in_order,
-                    max(e.seq) AS top
-             FROM state s
-             JOIN (SELECT ev.*, max(seq) OVER (PARTITION BY source, aggregate_type, aggregate_id ORDER BY pos
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-                   FROM ev) e USING (source, aggregate_type, aggregate_id)
-             GROUP BY 1, 2, 3, 4, 5
+             SELECT s.* FROM seen s JOIN fresh f USING (source, message_id)
+         ), span AS (
+             SELECT source, aggregate_type, aggregate_id, min(seq) AS lo, max(seq) AS hi
+             FROM ev GROUP BY 1, 2, 3 HAVING bool_and(quick)
          ), advanced AS (
-             INSERT INTO aggregate_positions (tenant_id, consumer, source, aggregate_type, aggregate_id, last_seq)
-             SELECT $1, $2, source, aggregate_type, aggregate_id, top FROM checked
-             WHERE NOT parked AND in_order AND top IS NOT NULL
+             INSERT INTO aggregate_positions AS p (tenant_id, consumer, source, aggregate_type, aggregate_id, last_seq)
+             SELECT $1, $2, source, aggregate_type, aggregate_id, hi FROM span g
+             WHERE NOT EXISTS (SELECT FROM parked_aggregates a
+                               WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = g.source
+                                 AND a.aggregate_type = g.aggregate_type AND a.aggregate_id = g.aggregate_id)
              ORDER BY source, aggregate_type, aggregate_id
              ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
-             SET last_seq = GREATEST(aggregate_positions.last_seq, EXCLUDED.last_seq), updated_at = now()
+             SET last_seq = EXCLUDED.last_seq, updated_at = now()
+             WHERE p.last_seq < (SELECT g.lo FROM span g
+                                 WHERE g.source = EXCLUDED.source AND g.aggregate_type = EXCLUDED.aggregate_type
+                                   AND g.aggregate_id = EXCLUDED.aggregate_id)
+             RETURNING source, aggregate_type, aggregate_id
          )
-         SELECT e.source, e.message_id, c.aggregate_type, c.aggregate_id, c.last_seq, c.parked, c.in_order
-         FROM ev e JOIN checked c USING (source, aggregate_type, aggregate_id)"
+         SELECT e.source, e.message_id, a.aggregate_id IS NOT NULL AS advanced
+         FROM ev e LEFT JOIN advanced a USING (source, aggregate_type, aggregate_id)"
 );
+
+/// The position and the parked flag of the aggregates `$3..$5` (sources,
+/// types, ids) of tenant `$1` and consumer `$2`: for the events the gate's
+/// quick way did not take. A look-up per aggregate on the whole key, never
+/// a join: on tables not analyzed yet (a new deployment) the planner
+/// joined by a scan of all the tenant's positions, a cost growing with its
+/// aggregates (docs/adr/0028).
+pub(super) const STATE_SQL: &str = "
+    SELECT k.source, k.aggregate_type, k.aggregate_id,
+           (SELECT p.last_seq FROM aggregate_positions p
+            WHERE p.tenant_id = $1 AND p.consumer = $2 AND p.source = k.source
+              AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id) AS last_seq,
+           EXISTS (SELECT FROM parked_aggregates a
+                   WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
+                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id) AS parked
+    FROM unnest($3::text[], $4::text[], $5::text[]) AS k (source, aggregate_type, aggregate_id)";
 
 impl<A: Apply> Consumer<A> {
     pub(super) fn is_ordered(&self) -> bool {
@@ -118,12 +128,12 @@ impl<H: Handler> Consumer<Pg<H>> {
     /// does), and the gate for the fresh ones. The transaction has held
     /// every aggregate's lock since it began ([`TenantTx::begin_locked`]),
     /// so this statement's snapshot sees every earlier applier's commit.
-    /// The gate reads each aggregate's position and whether it is parked,
-    /// and advances the position of an aggregate whose fresh events here
-    /// are all in order and which is not parked (the common case). Only an
-    /// aggregate with an event out of order costs more: its events are
-    /// decided one by one, and those applied advance it in a statement of
-    /// their own.
+    ///
+    /// The statement advances each aggregate that is not parked and whose
+    /// fresh events here all come after its position, in order (the common
+    /// case): they are applied. Only the others cost more: their state is
+    /// read ([`STATE_SQL`]) and their events decided one by one, and those
+    /// applied advance their aggregate in a statement of their own.
     ///
     /// Returns, for each event in order, `None` if it is a duplicate (in
     /// the store, or earlier in `events`), else its gate; the positions are
@@ -140,8 +150,8 @@ impl<H: Handler> Consumer<Pg<H>> {
         let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
         let aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
         let seqs: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_seq).collect();
-        type Row = (String, i64, String, String, Option<i64>, bool, bool);
-        let rows: Vec<Row> = sqlx::query_as(GATE_SQL)
+        let quick = quick(events);
+        let rows: Vec<(String, i64, bool)> = sqlx::query_as(GATE_SQL)
             .bind(tx.tenant().get())
             .bind(&self.config.name)
             .bind(&sources)
@@ -150,26 +160,37 @@ impl<H: Handler> Consumer<Pg<H>> {
             .bind(&types)
             .bind(&aggregates)
             .bind(&seqs)
+            .bind(&quick)
             .fetch_all(&mut **tx)
             .await?;
-        let mut fresh: HashSet<(String, i64)> = HashSet::with_capacity(rows.len());
-        let mut state: HashMap<Key, (Option<i64>, bool, bool)> = HashMap::new();
-        for (source, id, t, aggregate, last, parked, in_order) in rows {
-            fresh.insert((source.clone(), id));
-            state.insert((source, t, aggregate), (last, parked, in_order));
+        let mut fresh: HashMap<(String, i64), bool> = rows
+            .into_iter()
+            .map(|(source, id, advanced)| ((source, id), advanced))
+            .collect();
+        // The events to decide one by one: fresh, and their aggregate did
+        // not advance.
+        let mut gates: Vec<Option<Gate>> = Vec::with_capacity(events.len());
+        let mut slow: Vec<usize> = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            gates.push(match fresh.remove(&(e.source.clone(), e.id)) {
+                None => None,
+                Some(true) => Some(Gate::Apply),
+                Some(false) => {
+                    slow.push(i);
+                    None
+                }
+            });
         }
-        let mut gates = Vec::with_capacity(events.len());
+        if slow.is_empty() {
+            return Ok(gates);
+        }
+        let mut state = self.state(tx, events, &slow).await?;
         let mut late_applied = Vec::new();
-        for e in events {
-            if !fresh.remove(&(e.source.clone(), e.id)) {
-                gates.push(None);
-                continue;
-            }
-            let (last, parked, in_order) = state.entry(key(e)).or_insert((None, false, true));
+        for i in slow {
+            let e = events[i];
+            let (last, parked) = state.entry(key(e)).or_insert((None, false));
             let gate = if *parked {
                 Gate::Park(None)
-            } else if *in_order {
-                Gate::Apply
             } else if let (Some(seq), Some(at)) = (e.aggregate_seq, *last)
                 && seq <= at
             {
@@ -183,14 +204,40 @@ impl<H: Handler> Consumer<Pg<H>> {
                 if let Some(seq) = e.aggregate_seq {
                     *last = Some(seq);
                 }
-                late_applied.push(*e);
+                late_applied.push(e);
                 Gate::Apply
             };
-            gates.push(Some(gate));
+            gates[i] = Some(gate);
         }
-        // The rare case: the statement advanced none of these.
         self.advance(tx, &late_applied).await?;
         Ok(gates)
+    }
+
+    /// [`STATE_SQL`] for the aggregates of `events[i]`, `i` in `which`:
+    /// each one's position and whether it is parked.
+    async fn state(
+        &self,
+        tx: &mut TenantTx,
+        events: &[&Envelope],
+        which: &[usize],
+    ) -> Result<HashMap<Key, (Option<i64>, bool)>, ApplyError> {
+        let mut keys: Vec<Key> = which.iter().map(|&i| key(events[i])).collect();
+        keys.sort();
+        keys.dedup();
+        let (sources, types, ids) = split(&keys);
+        type Row = (String, String, String, Option<i64>, bool);
+        let rows: Vec<Row> = sqlx::query_as(STATE_SQL)
+            .bind(tx.tenant().get())
+            .bind(&self.config.name)
+            .bind(&sources)
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(source, t, id, last, parked)| ((source, t, id), (last, parked)))
+            .collect())
     }
 
     /// Advances the positions of the `applied` events' aggregates.
@@ -273,6 +320,26 @@ impl<H: Handler> Consumer<Pg<H>> {
         }
         Ok(())
     }
+}
+
+/// For each event, whether its aggregate may take the gate's quick way:
+/// every event of that aggregate here is numbered, each above the one
+/// before (a message repeated here counts once). Then its fresh events
+/// are in order if the first of them comes after the position.
+fn quick(events: &[&Envelope]) -> Vec<bool> {
+    let mut top: HashMap<Key, Option<i64>> = HashMap::new();
+    let mut seen: HashSet<(&str, i64)> = HashSet::with_capacity(events.len());
+    for e in events {
+        if !seen.insert((e.source.as_str(), e.id)) {
+            continue;
+        }
+        let at = top.entry(key(e)).or_insert(Some(0));
+        *at = match (*at, e.aggregate_seq) {
+            (Some(before), Some(seq)) if seq > before => Some(seq),
+            _ => None,
+        };
+    }
+    events.iter().map(|e| top[&key(e)].is_some()).collect()
 }
 
 fn split(keys: &[Key]) -> (Vec<&str>, Vec<&str>, Vec<&str>) {

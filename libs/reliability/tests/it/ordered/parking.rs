@@ -223,3 +223,92 @@ async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
     );
     db.cleanup().await;
 }
+
+/// The gate over a group (one transaction, tenant by tenant) decides as it
+/// does one event at a time: in order and new aggregates apply, an event
+/// at or below its aggregate's position parks it and the later ones wait,
+/// a message repeated in the group is a duplicate, unnumbered events apply.
+#[tokio::test]
+async fn a_group_is_gated_as_its_events_would_be_one_by_one() {
+    use reliability::consumer::Outcome;
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let broker = Broker::new().await;
+    let spec = spec(&broker, 1);
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    let mut cfg = consumer_config(&spec);
+    (cfg.lanes, cfg.prefetch, cfg.batch_max) = (1, 50, 32);
+    let event = |tenant: i64, aggregate: &str, id: i64, seq: Option<i64>| {
+        let mut e = crate::support::envelope("svc", id, tenant, aggregate, "Changed", 0);
+        e.aggregate_seq = seq;
+        e
+    };
+    // Positions from before: K and M at 1.
+    let before = Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        cfg.clone(),
+        Recording::default(),
+    );
+    for e in [event(1, "K", 40, Some(1)), event(1, "M", 50, Some(1))] {
+        assert_eq!(before.apply(&e).await.unwrap(), Outcome::Applied);
+    }
+    let group = [
+        event(1, "G", 10, Some(1)),
+        event(1, "G", 11, Some(3)),
+        event(1, "G", 12, Some(2)), // out of order: parks G
+        event(1, "G", 13, Some(4)), // waits behind it
+        event(1, "G", 12, Some(2)), // the same message again
+        event(2, "H", 20, Some(5)), // a new aggregate starts where it is
+        event(2, "H", 20, Some(5)),
+        event(2, "H", 21, Some(6)),
+        event(1, "N", 30, None),
+        event(1, "N", 31, None),
+        event(1, "K", 41, Some(1)), // at K's position, another message: parks K
+        event(1, "K", 42, Some(2)),
+        event(1, "M", 51, Some(2)), // after M's position
+    ];
+    let queue = spec.partition_queue(0);
+    for e in &group {
+        broker
+            .publish_to_queue(&queue, &serde_json::to_vec(e).unwrap())
+            .await;
+    }
+    let stop = CancellationToken::new();
+    let (consumer, task) = run_consumer(&db, cfg, Recording::default(), &stop);
+    let settled = || {
+        let s = consumer.stats();
+        s.applied + s.duplicates + s.parked
+    };
+    wait_until(LONG, "the group settled", || async {
+        settled() >= group.len() as u64
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    let s = consumer.stats();
+    assert_eq!((s.applied, s.parked, s.duplicates), (7, 4, 2), "{s:?}");
+    // The group way ran (the events waited before the consumer started).
+    assert!(s.grouped > 0, "{s:?}");
+    let applied = applied(&db).await;
+    let ids = |t: i64, a: &str| applied.get(&(t, a.to_owned())).cloned().unwrap_or_default();
+    assert_eq!(ids(1, "G"), [10, 11]);
+    assert_eq!(ids(2, "H"), [20, 21]);
+    assert_eq!(ids(1, "N"), [30, 31]);
+    assert_eq!(ids(1, "K"), [40]);
+    assert_eq!(ids(1, "M"), [50, 51]);
+    let parked = consumer::parked(&db.owner, None).await.unwrap();
+    let waiting: Vec<(String, i64)> = parked
+        .iter()
+        .map(|p| (p.aggregate_id.clone(), p.waiting))
+        .collect();
+    assert_eq!(waiting.len(), 2, "{parked:?}");
+    assert!(waiting.contains(&("G".into(), 2)) && waiting.contains(&("K".into(), 2)));
+    for p in &parked {
+        let first = if p.aggregate_id == "G" { 2 } else { 1 };
+        let expected = format!("out of order: event {first} of test:{}", p.aggregate_id);
+        assert!(p.error.contains(&expected), "{}", p.error);
+    }
+    broker.cleanup_ordered(&spec).await;
+    db.cleanup().await;
+}
