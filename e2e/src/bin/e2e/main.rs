@@ -155,15 +155,19 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
         started.elapsed().as_secs_f64()
     );
     // `E2E_ONLY=broker` runs the scenarios whose name contains "broker";
-    // `E2E_ONLY=broker,frozen` those with either.
-    let only = std::env::var("E2E_ONLY").ok();
+    // `E2E_ONLY=broker,frozen` those with either. `E2E_SKIP` leaves out
+    // those whose name contains any of its words (make e2e-pgbouncer's
+    // broker-only scenarios).
+    let list = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let (only, skip) = (list("E2E_ONLY"), list("E2E_SKIP"));
     let mut rows = Vec::new();
     for (i, (name, scenario)) in scenarios().into_iter().enumerate() {
         let tenant = i as i64 + 1;
-        if only
-            .as_deref()
-            .is_some_and(|o| !o.split(',').any(|o| name.contains(o)))
-        {
+        let named = |list: &Option<String>| {
+            list.as_deref()
+                .map(|l| l.split(',').any(|o| name.contains(o)))
+        };
+        if named(&only) == Some(false) || named(&skip) == Some(true) {
             continue;
         }
         let t0 = Instant::now();
