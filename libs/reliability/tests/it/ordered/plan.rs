@@ -48,11 +48,17 @@ async fn the_gate_reads_each_position_by_its_whole_key_on_tables_never_analyzed(
     // The gate touches a position only through its upsert (whose arbiter
     // is the key's index) and reads the parked store by index.
     let gate = gate.join("\n");
-    for read in gate
+    let reads: Vec<&str> = gate
         .lines()
         .filter(|l| l.contains(" on aggregate_positions") || l.contains(" on parked_aggregates"))
         .filter(|l| !l.contains("Insert"))
-    {
+        .collect();
+    // The parked store is read at all (an empty list would pass the loop).
+    assert!(
+        reads.iter().any(|l| l.contains(" on parked_aggregates")),
+        "{gate}"
+    );
+    for read in reads {
         assert!(read.contains("Index"), "a scan in the gate:\n{gate}");
     }
     let state = state.join("\n");
