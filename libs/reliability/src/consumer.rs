@@ -44,7 +44,7 @@ mod settle;
 
 pub use kinds::{Apply, Pg, Sink};
 pub use offsets::{OffsetRow, offsets, reset_offsets};
-pub use park::{ParkedAggregate, ParkedEvent, parked, skip_first, unpark};
+pub use park::{ParkedAggregate, ParkedEvent, first_parked, parked, skip, unpark};
 pub use replay::Replayed;
 
 /// The ordered subscription's record-and-gate statement and its look-up

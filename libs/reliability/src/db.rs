@@ -254,10 +254,14 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 /// says nothing about the message (I9): a serialization failure (40001), a
 /// deadlock (40P01), a lock wait past `lock_timeout` (55P03), a session
 /// ended for idling (25P03 in a transaction, 57P05 outside one: a frozen
-/// process woken up), or the database being dropped under it (57P04).
+/// process woken up), the database being dropped under it (57P04), or a
+/// statement sent into a transaction an earlier failure aborted (25P02):
+/// the connection's state, never the message's. No connection of ours goes
+/// back to a pool in an aborted transaction (`TenantTx::begin_locked`), so
+/// 25P02 means a bug of that kind, and a message must not pay for it.
 pub fn is_retryable_at_no_cost(e: &sqlx::Error) -> bool {
     is_unavailable(e)
         || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|code| {
-            code.starts_with("57P") || matches!(&*code, "40001" | "40P01" | "55P03" | "25P03")
+            code.starts_with("57P") || matches!(&*code, "40001" | "40P01" | "55P03" | "25P03" | "25P02")
         }))
 }

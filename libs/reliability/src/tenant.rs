@@ -80,32 +80,39 @@ impl TenantTx {
         Ok(Self { tx, tenant })
     }
 
-    /// As [`Self::begin`], and in the same round trip takes the
-    /// transaction-scoped advisory locks `locks` in ascending order (the
-    /// lock order of every applier). Every later statement's snapshot is
+    /// As [`Self::begin`], then takes the transaction-scoped advisory
+    /// locks `locks` in ascending order (the lock order of every applier),
+    /// in a statement of their own. Every later statement's snapshot is
     /// then taken with them held, so it may read and write what they guard
-    /// in one go (docs/adr/0028). The keys are integers, formatted here. A
-    /// lock wait that fails (a statement timeout) aborts the block: the
-    /// next statement fails, none runs without its locks.
+    /// in one go (docs/adr/0028). The keys are integers, formatted here.
+    ///
+    /// Why not in the statement that opens the transaction, one round trip
+    /// fewer: sqlx counts a transaction only once its opening statement
+    /// succeeded. A lock wait that failed there (past `lock_timeout`) left
+    /// the connection in an aborted transaction that sqlx did not know of,
+    /// so it went back to the pool as it was, and every later user of it
+    /// failed with 25P02 (docs/adr/0034). Here a failed wait drops a
+    /// transaction sqlx knows, and the connection is rolled back before
+    /// the pool hands it out again.
     pub(crate) async fn begin_locked(
         pool: &PgPool,
         tenant: TenantId,
         locks: &[i64],
     ) -> sqlx::Result<Self> {
+        let mut tx = Self::begin(pool, tenant).await?;
         let mut keys: Vec<i64> = locks.to_vec();
         keys.sort_unstable();
         keys.dedup();
-        let keys: Vec<String> = keys.iter().map(i64::to_string).collect();
-        let tx = pool
-            .begin_with(sqlx::AssertSqlSafe(format!(
-                "BEGIN; SELECT set_config('app.tenant_id', '{}', true),
-                        (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(k)
-                                               FROM unnest('{{{}}}'::bigint[]) AS u(k) ORDER BY k) AS l)",
-                tenant.get(),
-                keys.join(",")
-            )))
+        if !keys.is_empty() {
+            sqlx::query(
+                "SELECT count(*) FROM (SELECT pg_advisory_xact_lock(k)
+                                       FROM unnest($1::bigint[]) AS u(k) ORDER BY k) AS l",
+            )
+            .bind(&keys)
+            .execute(&mut *tx)
             .await?;
-        Ok(Self { tx, tenant })
+        }
+        Ok(tx)
     }
 
     pub fn tenant(&self) -> TenantId {

@@ -316,13 +316,17 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
         },
     )
     .await;
-    let skipped = reliability::consumer::skip_first(
+    let shown =
+        reliability::consumer::first_parked(&run.dbs.projection, HISTORY, tenant, "order", "0")
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no parked v99 event to skip"))?;
+    let skipped = reliability::consumer::skip(
         &run.dbs.projection,
         HISTORY,
         tenant,
         "order",
         "0",
-        false,
+        shown.message_id,
     )
     .await?;
     anyhow::ensure!(skipped.is_some(), "no parked v99 event to skip");

@@ -98,23 +98,56 @@ pub async fn unpark(
     Ok(n > 0)
 }
 
-/// Removes the aggregate's first parked event, never to be applied (or,
-/// with `dry_run`, only says which it is). The others stay parked until an
-/// unpark; if it was the only one, the aggregate flows again.
-pub async fn skip_first(
+/// The aggregate's first parked event: the one [`skip`] would remove.
+pub async fn first_parked(
     owner: &PgPool,
     consumer: &str,
     tenant: i64,
     aggregate_type: &str,
     aggregate_id: &str,
-    dry_run: bool,
+) -> Result<Option<ParkedEvent>> {
+    Ok(sqlx::query_as(
+        "SELECT message_id, event_type, aggregate_seq, envelope FROM parked_events
+         WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
+         ORDER BY position LIMIT 1",
+    )
+    .bind(consumer)
+    .bind(tenant)
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .fetch_optional(owner)
+    .await?)
+}
+
+/// Removes parked event `message_id` of the aggregate, never to be
+/// applied, if it is still the first ([`first_parked`] showed it to the
+/// operator); else changes nothing and returns `None` (an unpark replayed
+/// it, or another operator skipped it, meanwhile). The others stay parked
+/// until an unpark; if it was the only one, the aggregate flows again.
+///
+/// Under the aggregate's lock, the one every lane and replay takes
+/// (docs/adr/0028): without it, the emptied park's removal could race a
+/// lane parking the aggregate's next event, and the cascade would delete
+/// an event the lane had just parked and acked: never applied (I10).
+pub async fn skip(
+    owner: &PgPool,
+    consumer: &str,
+    tenant: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    message_id: i64,
 ) -> Result<Option<ParkedEvent>> {
     let mut tx = owner.begin().await?;
+    let aggregate = format!("{aggregate_type}:{aggregate_id}");
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock_id(consumer, tenant, &aggregate))
+        .execute(&mut *tx)
+        .await?;
     let first: Option<(i64, ParkedEvent)> =
         sqlx::query_as::<_, (i64, i64, String, Option<i64>, serde_json::Value)>(
             "SELECT position, message_id, event_type, aggregate_seq, envelope FROM parked_events
-         WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
-         ORDER BY position LIMIT 1 FOR UPDATE",
+             WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
+             ORDER BY position LIMIT 1",
         )
         .bind(consumer)
         .bind(tenant)
@@ -124,23 +157,18 @@ pub async fn skip_first(
         .await?
         .map(
             |(position, message_id, event_type, aggregate_seq, envelope)| {
-                (
-                    position,
-                    ParkedEvent {
-                        message_id,
-                        event_type,
-                        aggregate_seq,
-                        envelope,
-                    },
-                )
+                let event = ParkedEvent {
+                    message_id,
+                    event_type,
+                    aggregate_seq,
+                    envelope,
+                };
+                (position, event)
             },
         );
-    let Some((position, event)) = first else {
+    let Some((position, event)) = first.filter(|(_, e)| e.message_id == message_id) else {
         return Ok(None);
     };
-    if dry_run {
-        return Ok(Some(event));
-    }
     sqlx::query(
         "DELETE FROM parked_events WHERE consumer = $1 AND tenant_id = $2 AND position = $3",
     )
@@ -258,27 +286,37 @@ impl<H: Handler> Consumer<Pg<H>> {
     /// Applies the aggregate's first parked event (or, none left, removes
     /// the park), under the same locks a lane takes for it.
     async fn replay_first(&self, tenant: TenantId, r: &Overview) -> Result<Step> {
-        let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
-        // The locks of the event first seen, in the lanes' order; then look
-        // again, as the first may have changed meanwhile.
-        let mut locks = vec![lock_id(
-            &self.config.name,
-            r.tenant_id,
-            &format!("{}:{}", r.aggregate_type, r.aggregate_id),
-        )];
-        if let Some(peek) = self.first_parked(&mut tx, r).await? {
-            let event: Envelope = serde_json::from_value(peek)?;
-            if let Some(k) = self.state.handler.lock_key(&event) {
-                locks.push(lock_id(&self.config.name, r.tenant_id, &k));
-            }
-        }
-        locks.sort_unstable();
-        locks.dedup();
-        sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k")
+        // The aggregate's lock, and the handler's for the event seen first;
+        // then look again under them. Another replica may have replayed
+        // that event meanwhile: if the first now needs a lock not held,
+        // start over holding it, so no event is applied without its
+        // handler's lock.
+        let mut seen: Option<Envelope> = None;
+        let (mut tx, first) = loop {
+            let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
+            let locks = self.replay_locks(r, seen.as_ref());
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k) ORDER BY k",
+            )
             .bind(&locks)
             .execute(&mut *tx)
             .await?;
-        let Some(raw) = self.first_parked(&mut tx, r).await? else {
+            let first: Option<Envelope> = self
+                .first_parked(&mut tx, r)
+                .await?
+                .map(serde_json::from_value)
+                .transpose()?;
+            if self
+                .replay_locks(r, first.as_ref())
+                .iter()
+                .all(|k| locks.contains(k))
+            {
+                break (tx, first);
+            }
+            tx.rollback().await?;
+            seen = first;
+        };
+        let Some(event) = first else {
             sqlx::query(
                 "DELETE FROM parked_aggregates
                  WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND aggregate_type = $4 AND aggregate_id = $5",
@@ -293,7 +331,6 @@ impl<H: Handler> Consumer<Pg<H>> {
             tx.commit().await?;
             return Ok(Step::Resumed);
         };
-        let event: Envelope = serde_json::from_value(raw)?;
         let applied: std::result::Result<(), HandlerError> = async {
             self.state.handler.prepare(&mut tx, &[&event]).await?;
             self.state.handler.handle(&mut tx, &event).await
@@ -320,6 +357,19 @@ impl<H: Handler> Consumer<Pg<H>> {
             .map_err(|e| crate::Error::Upstream(e.to_string()))?;
         tx.commit().await?;
         Ok(Step::Replayed)
+    }
+
+    /// The locks a lane takes for `event` of the aggregate, sorted: the
+    /// aggregate's, and the handler's own key's.
+    fn replay_locks(&self, r: &Overview, event: Option<&Envelope>) -> Vec<i64> {
+        let aggregate = format!("{}:{}", r.aggregate_type, r.aggregate_id);
+        let mut locks = vec![lock_id(&self.config.name, r.tenant_id, &aggregate)];
+        if let Some(k) = event.and_then(|e| self.state.handler.lock_key(e)) {
+            locks.push(lock_id(&self.config.name, r.tenant_id, &k));
+        }
+        locks.sort_unstable();
+        locks.dedup();
+        locks
     }
 
     async fn first_parked(

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{Broker, Rng, tenant};
 
 mod handover;
+mod lock_waits;
 mod operations;
 mod parking;
 mod plan;

@@ -82,7 +82,7 @@ pub async fn run(pool: &PgPool, command: ParkCommand, json: bool) -> anyhow::Res
         ParkCommand::Skip { aggregate, confirm } => {
             let (kind, id) = aggregate.parts()?;
             let first =
-                consumer::skip_first(pool, &aggregate.consumer, aggregate.tenant, kind, id, true)
+                consumer::first_parked(pool, &aggregate.consumer, aggregate.tenant, kind, id)
                     .await?
                     .ok_or_else(|| {
                         anyhow::anyhow!(
@@ -104,18 +104,25 @@ pub async fn run(pool: &PgPool, command: ParkCommand, json: bool) -> anyhow::Res
                 first.envelope["payload"]
             );
             let changed = match confirm.proceed(&action)? {
-                true => u64::from(
-                    consumer::skip_first(
+                // Only the event shown: if it is no longer first, nothing.
+                true => {
+                    let skipped = consumer::skip(
                         pool,
                         &aggregate.consumer,
                         aggregate.tenant,
                         kind,
                         id,
-                        false,
+                        first.message_id,
                     )
-                    .await?
-                    .is_some(),
-                ),
+                    .await?;
+                    if skipped.is_none() {
+                        eprintln!(
+                            "message {} is no longer the first parked event (replayed or skipped meanwhile): nothing dropped",
+                            first.message_id
+                        );
+                    }
+                    u64::from(skipped.is_some())
+                }
                 false => 0,
             };
             done(json, action, 1, changed, confirm)

@@ -115,7 +115,7 @@ async fn a_poison_event_parks_its_aggregate_alone_and_an_unpark_replays_it_in_or
     .await;
 
     // A dry run of skip names the first and changes nothing.
-    let first = consumer::skip_first(&db.owner, name, 1, "test", "A", true)
+    let first = consumer::first_parked(&db.owner, name, 1, "test", "A")
         .await
         .unwrap()
         .expect("a first parked event");
@@ -155,10 +155,22 @@ async fn skip_removes_the_first_parked_event_and_an_emptied_park_resumes() {
     let (db, consumer, name) = (&t.db, &t.consumer, &t.name);
     write_one(db, 2, "S").await;
     wait_until(LONG, "S parked", || async { consumer.stats().parked == 1 }).await;
-    let skipped = consumer::skip_first(&db.owner, name, 2, "test", "S", false)
+    let shown = consumer::first_parked(&db.owner, name, 2, "test", "S")
         .await
         .unwrap()
         .expect("the parked event");
+    let skipped = consumer::skip(&db.owner, name, 2, "test", "S", shown.message_id)
+        .await
+        .unwrap()
+        .expect("the parked event");
+    assert_eq!(
+        consumer::skip(&db.owner, name, 2, "test", "S", shown.message_id)
+            .await
+            .unwrap()
+            .map(|e| e.message_id),
+        None,
+        "a second skip of the same event drops nothing"
+    );
     assert_eq!(skipped.aggregate_seq, Some(1));
     assert!(
         consumer::parked(&db.owner, Some(name))
