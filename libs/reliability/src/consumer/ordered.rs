@@ -200,6 +200,20 @@ impl<H: Handler> Consumer<Pg<H>> {
                     seq,
                     e.aggregate_key()
                 )))
+            } else if let (None, Some(at)) = (e.aggregate_seq, *last) {
+                // Published by a relay that does not number this
+                // subscription's events (an older release in a rolling
+                // upgrade, or one whose topology lacks the subscription):
+                // after a numbered event it may be an earlier one, late,
+                // and its order cannot be checked. Parked, never applied
+                // unchecked (docs/runbooks.md, a rolling upgrade).
+                *parked = true;
+                Gate::Park(Some(format!(
+                    "unnumbered: message {} of {} came without a number after event {at} was applied \
+                     (a relay that does not number this subscription's events is running)",
+                    e.message_id(),
+                    e.aggregate_key()
+                )))
             } else {
                 if let Some(seq) = e.aggregate_seq {
                     *last = Some(seq);

@@ -236,6 +236,61 @@ async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
     db.cleanup().await;
 }
 
+/// An unnumbered event (from a relay that does not number: an older
+/// release in a rolling upgrade) is applied only where no numbered event
+/// came before it; after one, its order cannot be checked, and it parks
+/// its aggregate rather than be applied late in silence.
+#[tokio::test]
+async fn an_unnumbered_event_after_a_numbered_one_parks_its_aggregate() {
+    use reliability::consumer::Outcome;
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let mut spec = QueueSpec::new(&unique("reltest.unnumbered."), "x", &["svc.*"]);
+    spec.partitions = 2;
+    let consumer = Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        consumer_config(&spec),
+        Recording::default(),
+    );
+    let event = |id: i64, aggregate: &str, seq: Option<i64>| {
+        let mut e = crate::support::envelope("svc", id, 1, aggregate, "Changed", 0);
+        e.aggregate_seq = seq;
+        e
+    };
+    let outcomes = [
+        // The old relay's events, then the new relay's: in order.
+        consumer.apply(&event(1, "U", None)).await.unwrap(),
+        consumer.apply(&event(2, "U", Some(1))).await.unwrap(),
+        // The new relay's event applied first, the old one's late.
+        consumer.apply(&event(4, "L", Some(1))).await.unwrap(),
+        consumer.apply(&event(3, "L", None)).await.unwrap(),
+    ];
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Parked
+        ]
+    );
+    let parked = consumer::parked(&db.owner, None).await.unwrap();
+    assert_eq!(
+        parked
+            .iter()
+            .map(|p| (p.aggregate_id.as_str(), p.first_message_id))
+            .collect::<Vec<_>>(),
+        [("L", Some(3))]
+    );
+    assert!(
+        parked[0].error.contains("unnumbered"),
+        "{}",
+        parked[0].error
+    );
+    db.cleanup().await;
+}
+
 /// The gate over a group (one transaction, tenant by tenant) decides as it
 /// does one event at a time: in order and new aggregates apply, an event
 /// at or below its aggregate's position parks it and the later ones wait,
