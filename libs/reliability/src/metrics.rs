@@ -79,6 +79,7 @@ pub const CONSUMER_LAST_APPLIED: &str = "consumer_last_applied_timestamp_seconds
 pub const CONSUMER_PARKED: &str = "consumer_parked_events_total";
 pub const CONSUMER_PARKED_AGGREGATES: &str = "consumer_parked_aggregates";
 pub const CONSUMER_PARKED_OLDEST: &str = "consumer_parked_oldest_seconds";
+pub const CONSUMER_EVENT_AGE: &str = "consumer_event_age_seconds";
 pub const IDEMPOTENCY_HITS: &str = "idempotency_cache_hits_total";
 pub const IDEMPOTENCY_MISSES: &str = "idempotency_cache_misses_total";
 pub const IDEMPOTENCY_CONFLICTS: &str = "idempotency_conflicts_total";
@@ -139,6 +140,7 @@ pub const CATALOGUE: &[Metric] = &[
     m(CONSUMER_PARKED, Counter, &["consumer"], "Events of an ordered subscription parked: the one that failed for good, and each later event of its aggregate."),
     m(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
     m(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
+    m(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
     m(IDEMPOTENCY_HITS, Counter, &["scope"], "Requests answered from a stored Idempotency-Key response."),
     m(IDEMPOTENCY_MISSES, Counter, &["scope"], "Requests that claimed a fresh Idempotency-Key."),
     m(IDEMPOTENCY_CONFLICTS, Counter, &["scope"], "Keys reused with a different request (422)."),
@@ -155,6 +157,12 @@ pub const CATALOGUE: &[Metric] = &[
     m(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
 ];
 
+/// `consumer_event_age_seconds`'s buckets, in seconds.
+pub const EVENT_AGE_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
+];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder once (later calls, e.g. from several
@@ -168,6 +176,13 @@ pub fn install() -> PrometheusHandle {
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0,
                 ])
+                .expect("bucket list is not empty")
+                // An event's age spans milliseconds (flowing) to an hour
+                // (an outage drained): the request buckets stop at 10 s.
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(CONSUMER_EVENT_AGE.to_owned()),
+                    EVENT_AGE_BUCKETS,
+                )
                 .expect("bucket list is not empty")
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process");

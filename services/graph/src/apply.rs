@@ -99,11 +99,30 @@ const INVENTORY_REJECTED: Cypher = once!(
 
 /// The stock figure of the newest adjustment (outbox ids grow with each
 /// adjustment of a product, taken one at a time under its row's lock).
-const STOCK_ADJUSTED: Cypher = once!(
-    "MERGE (p:Product {tenant: $tenant, sku: $sku})
+///
+/// Not [`once!`]: a product's history has no end, and a checkpoint listing
+/// every message id grew with it, and each write's cost with it (past a
+/// size, every write of the one graph all tenants share outran the
+/// store's 5 s bound). This checkpoint keeps the last [`STOCK_WINDOW`] ids:
+/// a redelivery within them is seen; one older than them (a DLQ re-drive
+/// of an old letter) changes nothing anyway, since only an adjustment
+/// newer than the figure's own (`on_hand_message`) sets it.
+const STOCK_ADJUSTED: Cypher = Cypher(
+    "MERGE (k:Checkpoint {tenant: $tenant, consumer: $consumer, source: $source, aggregate: $aggregate})
+     SET k.fresh = NOT ($message IN coalesce(k.messages, []))
+     WITH k
+     SET k.messages = CASE WHEN k.fresh THEN coalesce(k.messages, [])[-63..] + [$message] ELSE k.messages END
+     WITH k.fresh AS fresh WHERE fresh
+     MERGE (:Tenant {tenant: $tenant})
+     MERGE (p:Product {tenant: $tenant, sku: $sku})
      SET p.on_hand = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $on_hand ELSE p.on_hand END
-     SET p.on_hand_message = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $message ELSE p.on_hand_message END"
+     SET p.on_hand_message = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $message ELSE p.on_hand_message END
+     RETURN count(*) AS applied",
 );
+
+/// How many message ids a product's checkpoint keeps (the `-63..` slice
+/// above, plus the new one).
+pub const STOCK_WINDOW: usize = 64;
 
 const PAYMENT_CAPTURED: Cypher = once!(
     "MERGE (o:Order {tenant: $tenant, id: $order_id})

@@ -320,7 +320,7 @@ async fn run(
         Value::Object(map) => map,
         _ => Params::new(),
     };
-    Ok(state.store.run(tenant, cypher, params).await?)
+    Ok(state.store.read(tenant, cypher, params).await?)
 }
 
 fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Error> {

@@ -25,6 +25,20 @@ mod neo4j;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a read may run on the server before the engine aborts it
+/// (FalkorDB's query `TIMEOUT`): below [`RESPONSE_TIMEOUT`], so the server
+/// gives a slow read up, and its thread back, before the client does.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What a statement may do on the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// The consumer's statements: they write.
+    Write,
+    /// The routes': read-only on the engine (`GRAPH.RO_QUERY`, Neo4j's
+    /// READ access mode), within [`READ_TIMEOUT`].
+    Read,
+}
 
 /// A statement of the service's, checked by [`check`] before it runs.
 #[derive(Debug, Clone, Copy)]
@@ -106,7 +120,7 @@ impl Store {
             .await
     }
 
-    /// Runs `cypher` for `tenant`: the one way the service reaches the
+    /// Runs `cypher` for `tenant`: the one way the service writes the
     /// graph. Refuses a statement with a node pattern not scoped to
     /// `$tenant`, and a parameter that would stand in for the tenant.
     pub async fn run(
@@ -114,6 +128,28 @@ impl Store {
         tenant: TenantId,
         cypher: Cypher,
         params: Params,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.statement(tenant, cypher, params, Access::Write).await
+    }
+
+    /// As [`Self::run`], read-only on the engine and within a server-side
+    /// bound: the routes' one way to the graph. A statement that would
+    /// write is refused by the engine, whatever its text.
+    pub async fn read(
+        &self,
+        tenant: TenantId,
+        cypher: Cypher,
+        params: Params,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.statement(tenant, cypher, params, Access::Read).await
+    }
+
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        cypher: Cypher,
+        params: Params,
+        access: Access,
     ) -> Result<Vec<Row>, StoreError> {
         check(cypher.0).map_err(StoreError::Unscoped)?;
         if params.contains_key("tenant") {
@@ -125,9 +161,9 @@ impl Store {
         // to overflow the compiler's query depth in every caller.
         let run: BoxFuture<'_, Vec<Row>> = Box::pin(async move {
             match self.engine().await? {
-                Engine::Falkor(f) => f.execute(tenant, cypher, params).await,
+                Engine::Falkor(f) => f.execute(tenant, cypher, params, access).await,
                 #[cfg(feature = "neo4j")]
-                Engine::Neo4j(n) => n.execute(tenant, cypher, params).await,
+                Engine::Neo4j(n) => n.execute(tenant, cypher, params, access).await,
             }
         });
         run.await

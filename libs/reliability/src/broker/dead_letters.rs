@@ -3,14 +3,14 @@
 
 use lapin::options::{
     BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Channel, Confirmation, Connection};
+use lapin::{Channel, Confirmation, Connection, ExchangeKind};
 
 use crate::{Error, Result};
 
-use super::{bounded, dead_letter_queue};
+use super::{PARTITION_HEADER, bounded, dead_letter_queue};
 
 /// A dead-lettered message as an operator sees it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -124,7 +124,7 @@ async fn refresh(connection: &Connection, dlq: &str, count: u32) -> Result<()> {
         let props = without_headers(msg.delivery.properties.clone(), |k| {
             matches!(k, "x-delivery-count" | "x-acquired-count")
         });
-        publish_confirmed(&channel, dlq, &msg.delivery.data, props).await?;
+        publish_confirmed(&channel, "", dlq, &msg.delivery.data, props).await?;
         msg.delivery
             .ack(lapin::options::BasicAckOptions { multiple: false })
             .await?;
@@ -156,18 +156,21 @@ fn without_headers(
     props.with_headers(kept)
 }
 
-/// Publishes to `queue` through the default exchange and waits for the
-/// broker's confirm (mandatory: an unroutable copy is an error).
+/// Publishes to `exchange` with `routing_key` (the default exchange, `""`:
+/// to the queue of that name) and waits for the broker's confirm
+/// (mandatory: an unroutable copy is an error).
 async fn publish_confirmed(
     channel: &Channel,
-    queue: &str,
+    exchange: &str,
+    routing_key: &str,
     body: &[u8],
     props: lapin::BasicProperties,
 ) -> Result<()> {
+    let queue = routing_key;
     let confirm = channel
         .basic_publish(
-            ShortString::from(""),
-            queue.into(),
+            ShortString::from(exchange),
+            routing_key.into(),
             BasicPublishOptions {
                 mandatory: true,
                 immediate: false,
@@ -222,7 +225,10 @@ impl DeadLetterFilter {
 }
 
 /// Moves up to `limit` messages that `filter` matches from `queue`'s DLQ
-/// back onto `queue` (only that consumer sees them again). Each is acked off
+/// back onto `queue` (only that consumer sees them again); for an ordered
+/// subscription, onto its partitions, each to its aggregate's by the
+/// `x-aggregate` it kept (its late arrival then parks the aggregate if a
+/// later event of it was applied: ADR 0028). Each is acked off
 /// the DLQ only after the broker confirmed the re-publish, so a crash here
 /// duplicates, never loses; the consumer's dedup absorbs the duplicate. The
 /// others are put back, in order.
@@ -242,6 +248,7 @@ pub async fn redrive_dead_letters(
         .await?;
     let dlq = dead_letter_queue(queue);
     let present = queue_depth(&channel, &dlq).await? as usize;
+    let partitions = partition_exchange(connection, queue).await?;
     let (mut moved, mut kept, mut worn) = (0, Vec::new(), 0);
     for _ in 0..present {
         if moved == limit {
@@ -259,9 +266,17 @@ pub async fn redrive_dead_letters(
             continue;
         }
         // A fresh start: the old x-death history would count against the new
-        // delivery limit and confuse the next operator reading it.
-        let props = without_headers(msg.delivery.properties.clone(), |k| k.starts_with("x-"));
-        publish_confirmed(&channel, queue, &msg.delivery.data, props).await?;
+        // delivery limit and confuse the next operator reading it. The
+        // aggregate stays: it picks an ordered subscription's partition.
+        let props = without_headers(msg.delivery.properties.clone(), |k| {
+            k.starts_with("x-") && k != PARTITION_HEADER
+        });
+        match &partitions {
+            Some(exchange) => {
+                publish_confirmed(&channel, exchange, "", &msg.delivery.data, props).await?;
+            }
+            None => publish_confirmed(&channel, "", queue, &msg.delivery.data, props).await?,
+        }
         msg.delivery
             .ack(lapin::options::BasicAckOptions { multiple: false })
             .await?;
@@ -292,6 +307,41 @@ pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<(u32,
     let q = bounded(passive_declare(&channel, queue)).await?;
     let _ = bounded(channel.close(200, "looked".into())).await;
     Ok((q.message_count(), q.consumer_count()))
+}
+
+/// `<queue>.partitions`, if `queue` is an ordered subscription's (the
+/// exchange exists: passive declare, on a channel of its own, since a
+/// failed one closes its channel).
+async fn partition_exchange(connection: &Connection, queue: &str) -> Result<Option<String>> {
+    let exchange = format!("{queue}.partitions");
+    let channel = connection.create_channel().await?;
+    let options = ExchangeDeclareOptions {
+        passive: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let kind = ExchangeKind::Custom("x-consistent-hash".into());
+    let found = bounded(channel.exchange_declare(
+        exchange.as_str().into(),
+        kind,
+        options,
+        FieldTable::default(),
+    ))
+    .await;
+    match found {
+        Ok(()) => {
+            channel.close(200, "looked".into()).await?;
+            Ok(Some(exchange))
+        }
+        // No such exchange (the broker closed the channel).
+        Err(Error::Broker(e)) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_not_found(e: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(p)
+        if matches!(p.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
 }
 
 /// Messages waiting in `queue` (passive declare: fails if it does not exist).

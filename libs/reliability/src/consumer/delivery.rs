@@ -276,8 +276,8 @@ impl<A: Apply> Consumer<A> {
                     let (last, _) = parsed.last().expect("a group is never empty");
                     broker::bounded(last.ack(BasicAckOptions { multiple: true })).await?;
                 }
-                for outcome in outcomes {
-                    self.count(outcome);
+                for ((_, event), outcome) in parsed.iter().zip(outcomes) {
+                    self.count(event, outcome);
                     self.stats.grouped.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(true)
@@ -307,7 +307,19 @@ impl<A: Apply> Consumer<A> {
         }
     }
 
-    pub(super) fn count(&self, outcome: Outcome) {
+    /// Counts a finished delivery of `event`; an applied one also adds its
+    /// age, from the event's `occurred_at` (the source's commit, give or
+    /// take its clock) to now: how far behind its source this consumer is,
+    /// in time, whatever the queue depth says.
+    pub(super) fn count(&self, event: &Envelope, outcome: Outcome) {
+        if outcome == Outcome::Applied {
+            let age = (chrono::Utc::now() - event.occurred_at)
+                .num_milliseconds()
+                .max(0) as f64
+                / 1000.0;
+            metrics::histogram!(crate::metrics::CONSUMER_EVENT_AGE, "consumer" => self.config.name.clone())
+                .record(age);
+        }
         let (label, counter) = match outcome {
             Outcome::Applied => ("applied", &self.stats.applied),
             Outcome::Duplicate => ("duplicate", &self.stats.duplicates),

@@ -51,7 +51,7 @@ impl<A: Apply> Consumer<A> {
                         .fail_points
                         .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
-                    self.count(outcome);
+                    self.count(&event, outcome);
                     return Ok(true);
                 }
                 Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
@@ -92,7 +92,7 @@ impl<A: Apply> Consumer<A> {
                         }
                     };
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
-                    self.count(outcome);
+                    self.count(&event, outcome);
                     return Ok(true);
                 }
                 tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");

@@ -9,7 +9,9 @@ use redis::aio::MultiplexedConnection;
 use reliability::TenantId;
 use serde_json::Value;
 
-use super::{CONNECT_TIMEOUT, Cypher, Params, RESPONSE_TIMEOUT, Row, StoreError};
+use super::{
+    Access, CONNECT_TIMEOUT, Cypher, Params, READ_TIMEOUT, RESPONSE_TIMEOUT, Row, StoreError,
+};
 
 impl From<FalkorDBError> for StoreError {
     fn from(e: FalkorDBError) -> Self {
@@ -71,11 +73,16 @@ impl Falkor {
         tenant: TenantId,
         cypher: Cypher,
         params: Params,
+        access: Access,
     ) -> Result<Vec<Row>, StoreError> {
         let mut graph = self.graph.clone();
-        let mut query = graph
-            .query(cypher.0)
-            .with_param("tenant", FalkorValue::I64(tenant.get()));
+        let query = match access {
+            Access::Write => graph.query(cypher.0),
+            Access::Read => graph
+                .ro_query(cypher.0)
+                .with_timeout(READ_TIMEOUT.as_millis() as i64),
+        };
+        let mut query = query.with_param("tenant", FalkorValue::I64(tenant.get()));
         for (name, value) in params {
             query = query.with_param(&name, to_falkor(value));
         }

@@ -18,7 +18,7 @@ use neo4rs::{BoltType, ConfigBuilder, Graph};
 use reliability::TenantId;
 use serde_json::{Map, Value};
 
-use super::{CONNECT_TIMEOUT, Cypher, Params, RESPONSE_TIMEOUT, Row, StoreError};
+use super::{Access, CONNECT_TIMEOUT, Cypher, Params, RESPONSE_TIMEOUT, Row, StoreError};
 
 pub(super) struct Neo4j {
     graph: Graph,
@@ -46,7 +46,9 @@ impl Neo4j {
                 label.to_lowercase(),
                 properties.join(", ")
             );
-            engine.rows(neo4rs::query(&constraint)).await?;
+            engine
+                .rows(neo4rs::query(&constraint), Access::Write)
+                .await?;
         }
         Ok(engine)
     }
@@ -56,19 +58,28 @@ impl Neo4j {
         tenant: TenantId,
         cypher: Cypher,
         params: Params,
+        access: Access,
     ) -> Result<Vec<Row>, StoreError> {
         let mut statement = neo4rs::query(cypher.0).param("tenant", tenant.get());
         for (name, value) in params {
             statement = statement.param(&name, BoltType::try_from(value).map_err(query)?);
         }
-        self.rows(statement).await
+        self.rows(statement, access).await
     }
 
     /// Runs `statement` in a transaction of its own, within
     /// [`RESPONSE_TIMEOUT`] (the driver's own retries included).
-    async fn rows(&self, statement: neo4rs::Query) -> Result<Vec<Row>, StoreError> {
+    ///
+    /// A read runs in READ access mode: the server refuses a write in it.
+    /// Its bound on the server is the database's `db.transaction.timeout`
+    /// (the driver offers no per-transaction one here): set it to the
+    /// graph's read bound, 3 s, where Neo4j serves the routes.
+    async fn rows(&self, statement: neo4rs::Query, access: Access) -> Result<Vec<Row>, StoreError> {
         let run = async {
-            let mut stream = self.graph.execute(statement).await?;
+            let mut stream = match access {
+                Access::Write => self.graph.execute(statement).await?,
+                Access::Read => self.graph.execute_read(statement).await?,
+            };
             let mut rows = Vec::new();
             while let Some(row) = stream.next().await? {
                 rows.push(row.to::<Map<String, Value>>()?);

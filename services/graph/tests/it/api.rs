@@ -177,3 +177,36 @@ async fn no_token_path_or_parameter_reaches_another_tenants_nodes() {
     store.delete().await.unwrap();
     db.cleanup().await;
 }
+
+/// The routes reach the graph through `Store::read`: read-only on the
+/// engine, so a statement that would write is refused there, whatever
+/// its text, and the graph is left as it was.
+#[tokio::test]
+async fn a_write_sent_as_a_read_is_refused_by_the_engine() {
+    use graph::store::{Cypher, Params, StoreError};
+    let store = store();
+    let tenant = reliability::TenantId::new(1).unwrap();
+    let count = Cypher("MATCH (p:Product {tenant: $tenant, sku: 'RO-1'}) RETURN count(p) AS n");
+    store
+        .run(
+            tenant,
+            Cypher("MERGE (p:Product {tenant: $tenant, sku: 'RO-0'}) RETURN p.sku AS sku"),
+            Params::new(),
+        )
+        .await
+        .expect("a write through run");
+    let refused = store
+        .read(
+            tenant,
+            Cypher("CREATE (p:Product {tenant: $tenant, sku: 'RO-1'}) RETURN p.sku AS sku"),
+            Params::new(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Query(_))),
+        "the engine refuses a write in a read: {refused:?}"
+    );
+    let rows = store.read(tenant, count, Params::new()).await.unwrap();
+    assert_eq!(rows[0]["n"], json!(0), "nothing was written");
+    store.delete().await.unwrap();
+}

@@ -244,3 +244,57 @@ async fn counts(store: &Store) -> (Vec<(String, i64)>, i64, i64) {
     let edges = first(run(EDGES).await.unwrap(), "edges");
     (units, orders, edges)
 }
+
+/// A product's checkpoint does not grow with its history: after many
+/// stock adjustments it keeps the last `STOCK_WINDOW` message ids, so a
+/// write costs the same at the thousandth adjustment as at the first. A
+/// redelivery is still seen, and an old adjustment changes nothing.
+#[tokio::test]
+async fn a_products_checkpoint_keeps_a_bounded_window_of_its_history() {
+    use graph::apply::STOCK_WINDOW;
+    const N: i64 = 1_000;
+    let store = store();
+    let edges = consumer(&store, ConsumerConfig::new(CONSUMER, "", &[]));
+    let adjusted = |id: i64, on_hand: i64| {
+        let mut e = reliability::testing::event(
+            "inventory",
+            id,
+            1,
+            ("product", 0),
+            contracts::event::STOCK_ADJUSTED,
+            serde_json::json!({"sku": "HOT", "delta": 1, "on_hand": on_hand, "reason": "count"}),
+        );
+        e.aggregate_id = "HOT".into();
+        e
+    };
+    for id in 1..=N {
+        assert_eq!(
+            edges.apply(&adjusted(id, id)).await.unwrap(),
+            Outcome::Applied
+        );
+    }
+    assert_eq!(
+        edges.apply(&adjusted(N, N)).await.unwrap(),
+        Outcome::Duplicate,
+        "a redelivery of the newest is seen"
+    );
+    // An old adjustment delivered again, beyond the window: no effect.
+    edges.apply(&adjusted(3, 3)).await.unwrap();
+    let tenant = TenantId::new(1).unwrap();
+    let rows = store
+        .run(
+            tenant,
+            Cypher(
+                "MATCH (k:Checkpoint {tenant: $tenant, aggregate: 'product:HOT'})
+                 MATCH (p:Product {tenant: $tenant, sku: 'HOT'})
+                 RETURN size(k.messages) AS kept, p.on_hand AS on_hand",
+            ),
+            Params::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["kept"], serde_json::json!(STOCK_WINDOW), "{rows:?}");
+    assert_eq!(rows[0]["on_hand"], serde_json::json!(N), "{rows:?}");
+    store.delete().await.unwrap();
+}

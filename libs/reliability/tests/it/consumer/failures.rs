@@ -114,6 +114,9 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     for line in [
         format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="handler_failed"}} 1"#),
         format!(r#"consumer_dead_lettered_total{{consumer="{name}",reason="malformed"}} 2"#),
+        // Each applied event's age, in buckets that reach an hour.
+        format!(r#"consumer_event_age_seconds_bucket{{consumer="{name}",le="3600"}} 4"#),
+        format!(r#"consumer_event_age_seconds_count{{consumer="{name}"}} 4"#),
     ] {
         assert!(text.contains(&line), "missing `{line}` in\n{text}");
     }

@@ -159,3 +159,92 @@ async fn looking_at_a_dead_letter_more_often_than_any_delivery_limit_loses_nothi
     assert_eq!(broker.depth(&queue).await, 2);
     assert_eq!(broker.depth(&dlq).await, 0);
 }
+
+/// An ordered subscription has no queue of its own name: its re-drive
+/// goes to the partitions, each letter to its aggregate's by the
+/// `x-aggregate` it keeps (the broker's own `x-` history dropped).
+#[tokio::test]
+async fn an_ordered_subscriptions_dead_letters_are_re_driven_to_its_partitions() {
+    use lapin::types::{AMQPValue, FieldTable, ShortString};
+    let broker = Broker::new().await;
+    let mut spec = broker::QueueSpec::new(
+        &reliability::testing::unique("reltest.ordredrive."),
+        &broker.exchange,
+        &["svc.*"],
+    );
+    spec.partitions = 2;
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    let dlq = broker::dead_letter_queue(&spec.queue);
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(broker::PARTITION_HEADER),
+        AMQPValue::LongString("1/order:7".into()),
+    );
+    headers.insert(
+        ShortString::from("x-first-death-reason"),
+        AMQPValue::LongString("delivery_limit".into()),
+    );
+    let ch = broker.conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions { nowait: false })
+        .await
+        .unwrap();
+    ch.basic_publish(
+        "".into(),
+        dlq.as_str().into(),
+        BasicPublishOptions::default(),
+        b"letter",
+        BasicProperties::default()
+            .with_message_id("svc:7".into())
+            .with_headers(headers),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+
+    let moved =
+        broker::redrive_dead_letters(&broker.conn, &spec.queue, 10, &DeadLetterFilter::default())
+            .await
+            .unwrap();
+    assert_eq!(moved, 1);
+    let mut found = Vec::new();
+    for q in spec.queues() {
+        if broker.depth(&q).await > 0 {
+            found.push(q);
+        }
+    }
+    assert_eq!(found.len(), 1, "the letter is in one partition: {found:?}");
+    // A partition has a single active consumer: read it as one.
+    use futures_util::StreamExt;
+    let ch = broker.conn.create_channel().await.unwrap();
+    let mut reader = ch
+        .basic_consume(
+            found[0].as_str().into(),
+            "reltest-reader".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let letter = tokio::time::timeout(std::time::Duration::from_secs(10), reader.next())
+        .await
+        .expect("the letter is delivered")
+        .expect("a delivery")
+        .unwrap();
+    let header = |name| broker::header_str(&letter.properties, name);
+    assert_eq!(
+        header(broker::PARTITION_HEADER).as_deref(),
+        Some("1/order:7")
+    );
+    assert_eq!(
+        header("x-first-death-reason"),
+        None,
+        "the broker's history dropped"
+    );
+    letter
+        .ack(lapin::options::BasicAckOptions { multiple: false })
+        .await
+        .unwrap();
+    let _ = ch.close(200, "done".into()).await;
+    broker.cleanup_ordered(&spec).await;
+}
