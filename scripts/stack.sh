@@ -152,7 +152,7 @@ The stack is up.
 A token for tenant 1 (make token TENANT=n for others):
   export TOKEN=$token
 
-Next: make demo    (or follow the walk-through in README.md)
+Next: make demo    (or follow the walk-through in docs/walkthrough.md)
 Stop: make down
 MSG
 }

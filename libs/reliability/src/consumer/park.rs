@@ -106,8 +106,27 @@ pub async fn first_parked(
     aggregate_type: &str,
     aggregate_id: &str,
 ) -> Result<Option<ParkedEvent>> {
-    Ok(sqlx::query_as(
-        "SELECT message_id, event_type, aggregate_seq, envelope FROM parked_events
+    let first = first_in(owner, consumer, tenant, aggregate_type, aggregate_id).await?;
+    Ok(first.map(|f| f.event))
+}
+
+/// The first parked event of an aggregate, with its place in the store.
+#[derive(sqlx::FromRow)]
+struct First {
+    position: i64,
+    #[sqlx(flatten)]
+    event: ParkedEvent,
+}
+
+async fn first_in(
+    conn: impl sqlx::PgExecutor<'_>,
+    consumer: &str,
+    tenant: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> sqlx::Result<Option<First>> {
+    sqlx::query_as(
+        "SELECT position, message_id, event_type, aggregate_seq, envelope FROM parked_events
          WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
          ORDER BY position LIMIT 1",
     )
@@ -115,8 +134,8 @@ pub async fn first_parked(
     .bind(tenant)
     .bind(aggregate_type)
     .bind(aggregate_id)
-    .fetch_optional(owner)
-    .await?)
+    .fetch_optional(conn)
+    .await
 }
 
 /// Removes parked event `message_id` of the aggregate, never to be
@@ -143,30 +162,8 @@ pub async fn skip(
         .bind(lock_id(consumer, tenant, &aggregate))
         .execute(&mut *tx)
         .await?;
-    let first: Option<(i64, ParkedEvent)> =
-        sqlx::query_as::<_, (i64, i64, String, Option<i64>, serde_json::Value)>(
-            "SELECT position, message_id, event_type, aggregate_seq, envelope FROM parked_events
-             WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4
-             ORDER BY position LIMIT 1",
-        )
-        .bind(consumer)
-        .bind(tenant)
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(
-            |(position, message_id, event_type, aggregate_seq, envelope)| {
-                let event = ParkedEvent {
-                    message_id,
-                    event_type,
-                    aggregate_seq,
-                    envelope,
-                };
-                (position, event)
-            },
-        );
-    let Some((position, event)) = first.filter(|(_, e)| e.message_id == message_id) else {
+    let first = first_in(&mut *tx, consumer, tenant, aggregate_type, aggregate_id).await?;
+    let Some(First { position, event }) = first.filter(|f| f.event.message_id == message_id) else {
         return Ok(None);
     };
     sqlx::query(

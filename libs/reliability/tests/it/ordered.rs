@@ -134,6 +134,31 @@ fn consumer_config(spec: &QueueSpec) -> ConsumerConfig {
     cfg
 }
 
+/// The gate alone: a database with the applied table, and an ordered
+/// consumer of 2 partitions, applied by hand with no broker traffic.
+async fn gate(prefix: &str) -> (TestDb, Consumer<Pg<Recording>>, ConsumerConfig) {
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let mut spec = QueueSpec::new(&unique(prefix), "x", &["svc.*"]);
+    spec.partitions = 2;
+    let cfg = consumer_config(&spec);
+    let consumer = Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        cfg.clone(),
+        Recording::default(),
+    );
+    (db, consumer, cfg)
+}
+
+/// Event `id` of aggregate `test:<aggregate>`, tenant 1, numbered `seq`
+/// (`None`: as a relay that does not number sends it).
+fn numbered(id: i64, aggregate: &str, seq: Option<i64>) -> Envelope {
+    let mut e = crate::support::envelope("svc", id, 1, aggregate, "Changed", 0);
+    e.aggregate_seq = seq;
+    e
+}
+
 fn relay(db: &TestDb, broker: &Broker, spec: &QueueSpec) -> Relay {
     let mut cfg = RelayConfig::new("svc", &broker.exchange);
     cfg.topology = vec![spec.clone()];

@@ -230,3 +230,26 @@ async fn a_provider_timeout_that_outlives_the_lease_is_refused_at_startup() {
     assert!(refused.to_string().contains("PSP_TIMEOUT_MS"), "{refused}");
     db.cleanup().await;
 }
+
+/// The worker's claim runs with its owner's rights (SECURITY DEFINER): a
+/// temporary table named `payments` in the caller's session must not
+/// stand in for ours. Before `pg_temp` came last in its `search_path`,
+/// PostgreSQL searched the session's temporary tables first, and this
+/// table (no such columns) broke the claim.
+#[tokio::test]
+async fn a_temporary_table_named_payments_changes_nothing_for_the_claim() {
+    let db = reliability::testing::TestDb::with_migrations(&payments::MIGRATIONS).await;
+    let mut conn = db.app.acquire().await.unwrap();
+    sqlx::raw_sql("CREATE TEMP TABLE payments (id bigint); CREATE TEMP TABLE refunds (id bigint)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let claimed: Vec<(String, i64, i64, i32)> =
+        sqlx::query_as("SELECT * FROM claim_due_work(10, 2, '{}', '{}', 30)")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("the claim reads our tables, not the session's");
+    assert!(claimed.is_empty(), "{claimed:?}");
+    conn.detach();
+    db.cleanup().await;
+}

@@ -17,11 +17,7 @@ fn aggregate_lock(consumer: &str, tenant: i64, aggregate_key: &str) -> i64 {
 
 #[tokio::test]
 async fn a_lock_wait_past_lock_timeout_leaves_no_connection_in_a_transaction() {
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let mut spec = QueueSpec::new(&unique("reltest.lockwait."), "x", &["svc.*"]);
-    spec.partitions = 2;
-    let cfg = consumer_config(&spec);
+    let (db, _, cfg) = gate("reltest.lockwait.").await;
     // One connection, so the next user of the pool is the one that waited;
     // a short lock bound, so the test waits 300 ms rather than the role's 5 s.
     let options = (*db.app.connect_options())
@@ -33,11 +29,7 @@ async fn a_lock_wait_past_lock_timeout_leaves_no_connection_in_a_transaction() {
         .await
         .unwrap();
     let consumer = Consumer::new(pool.clone(), &amqp_url(), cfg.clone(), Recording::default());
-    let event = |id: i64, seq: i64| {
-        let mut e = crate::support::envelope("svc", id, 1, "held", "Changed", 0);
-        e.aggregate_seq = Some(seq);
-        e
-    };
+    let event = |id: i64, seq: i64| numbered(id, "held", Some(seq));
     let first = event(20, 1);
 
     // An operator's session holds the aggregate's lock past the bound.
@@ -97,22 +89,8 @@ async fn a_lock_wait_past_lock_timeout_leaves_no_connection_in_a_transaction() {
 /// its cascade deleted the event the lane had just parked (and acked).
 #[tokio::test]
 async fn a_skip_beside_a_lane_parking_the_next_event_loses_nothing() {
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let mut spec = QueueSpec::new(&unique("reltest.skiprace."), "x", &["svc.*"]);
-    spec.partitions = 2;
-    let cfg = consumer_config(&spec);
-    let consumer = Consumer::new(
-        db.app.clone(),
-        &amqp_url(),
-        cfg.clone(),
-        Recording::default(),
-    );
-    let event = |id: i64, seq: i64| {
-        let mut e = crate::support::envelope("svc", id, 1, "P", "Changed", 0);
-        e.aggregate_seq = Some(seq);
-        e
-    };
+    let (db, consumer, cfg) = gate("reltest.skiprace.").await;
+    let event = |id: i64, seq: i64| numbered(id, "P", Some(seq));
     consumer.apply(&event(30, 1)).await.unwrap();
     consumer.apply(&event(31, 3)).await.unwrap();
     assert_eq!(

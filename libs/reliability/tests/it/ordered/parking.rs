@@ -194,21 +194,8 @@ async fn skip_removes_the_first_parked_event_and_an_emptied_park_resumes() {
 #[tokio::test]
 async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
     use reliability::consumer::Outcome;
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let mut spec = QueueSpec::new(&unique("reltest.gate."), "x", &["svc.*"]);
-    spec.partitions = 2;
-    let consumer = Consumer::new(
-        db.app.clone(),
-        &amqp_url(),
-        consumer_config(&spec),
-        Recording::default(),
-    );
-    let event = |id: i64, seq: i64| {
-        let mut e = crate::support::envelope("svc", id, 1, "G", "Changed", 0);
-        e.aggregate_seq = Some(seq);
-        e
-    };
+    let (db, consumer, _) = gate("reltest.gate.").await;
+    let event = |id: i64, seq: i64| numbered(id, "G", Some(seq));
     let outcomes = [
         consumer.apply(&event(10, 1)).await.unwrap(),
         consumer.apply(&event(11, 3)).await.unwrap(),
@@ -243,21 +230,8 @@ async fn an_event_out_of_order_parks_its_aggregate_and_a_gap_does_not() {
 #[tokio::test]
 async fn an_unnumbered_event_after_a_numbered_one_parks_its_aggregate() {
     use reliability::consumer::Outcome;
-    let db = TestDb::new().await;
-    create_applied_table(&db).await;
-    let mut spec = QueueSpec::new(&unique("reltest.unnumbered."), "x", &["svc.*"]);
-    spec.partitions = 2;
-    let consumer = Consumer::new(
-        db.app.clone(),
-        &amqp_url(),
-        consumer_config(&spec),
-        Recording::default(),
-    );
-    let event = |id: i64, aggregate: &str, seq: Option<i64>| {
-        let mut e = crate::support::envelope("svc", id, 1, aggregate, "Changed", 0);
-        e.aggregate_seq = seq;
-        e
-    };
+    let (db, consumer, _) = gate("reltest.unnumbered.").await;
+    let event = numbered;
     let outcomes = [
         // The old relay's events, then the new relay's: in order.
         consumer.apply(&event(1, "U", None)).await.unwrap(),
@@ -377,5 +351,46 @@ async fn a_group_is_gated_as_its_events_would_be_one_by_one() {
         assert!(p.error.contains(&expected), "{}", p.error);
     }
     broker.cleanup_ordered(&spec).await;
+    db.cleanup().await;
+}
+
+/// `parked_overview` runs with its owner's rights (SECURITY DEFINER): a
+/// caller's temporary table of the same name must not stand in for the
+/// real one. With `pg_temp` not last in its `search_path`, PostgreSQL
+/// searched the session's temporary tables first.
+#[tokio::test]
+async fn a_temporary_table_cannot_stand_in_for_a_definer_functions_table() {
+    use reliability::consumer::Outcome;
+    let (db, consumer, cfg) = gate("reltest.definer.").await;
+    consumer.apply(&numbered(1, "D", Some(2))).await.unwrap();
+    assert_eq!(
+        consumer.apply(&numbered(2, "D", Some(1))).await.unwrap(),
+        Outcome::Parked
+    );
+    let mut conn = db.app.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TEMP TABLE parked_aggregates (LIKE public.parked_aggregates);
+         CREATE TEMP TABLE payments (id bigint)",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let seen: Vec<String> = sqlx::query_scalar("SELECT aggregate_id FROM parked_overview($1)")
+        .bind(&cfg.name)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(seen, ["D"], "the function read the caller's empty table");
+    let loose: Vec<String> = sqlx::query_scalar(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p
+         JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'public' AND p.prosecdef
+           AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%pg_temp')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert!(loose.is_empty(), "pg_temp is not last for {loose:?}");
+    conn.detach();
     db.cleanup().await;
 }
