@@ -149,6 +149,7 @@ impl<A: Apply> Consumer<A> {
         lane: Lane,
     ) -> Result<()> {
         let mut gauges = tokio::time::interval(Duration::from_secs(2));
+        let mut probe = None;
         loop {
             let delivery = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -159,20 +160,7 @@ impl<A: Apply> Consumer<A> {
                         return Err(Error::ChannelClosed("consumer channel"));
                     }
                     if lane.index == 0 {
-                        let dlq = broker::dead_letter_queue(&self.config.queue.queue);
-                        if let Ok(depth) = broker::bounded(broker::queue_depth(channel, &dlq)).await {
-                            metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => self.config.name.clone()).set(f64::from(depth));
-                        }
-                        let mut ready = Some(0.0);
-                        for queue in self.config.queue.queues() {
-                            ready = match broker::bounded(broker::queue_depth(channel, &queue)).await {
-                                Ok(depth) => ready.map(|n| n + f64::from(depth)),
-                                Err(_) => None,
-                            };
-                        }
-                        if let Some(ready) = ready {
-                            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => self.config.name.clone()).set(ready);
-                        }
+                        self.refresh_depths(conn, &mut probe).await;
                     }
                     continue;
                 }
@@ -296,6 +284,38 @@ impl<A: Apply> Consumer<A> {
                 Ok(true)
             }
         }
+    }
+
+    /// The queue and DLQ depth gauges, looked at on a channel of the lane's
+    /// connection that consumes nothing (`probe`, opened again when a look
+    /// closed it). A passive declare of a queue that is gone closes the
+    /// channel it runs on: on the consuming channel, that handed the lane's
+    /// prefetched deliveries back, each a step toward its dead letter.
+    async fn refresh_depths(&self, conn: &lapin::Connection, probe: &mut Option<lapin::Channel>) {
+        let channel = match probe.take().filter(|c| c.status().connected()) {
+            Some(channel) => channel,
+            None => match broker::bounded(conn.create_channel()).await {
+                Ok(channel) => channel,
+                Err(_) => return,
+            },
+        };
+        let name = self.config.name.clone();
+        let dlq = broker::dead_letter_queue(&self.config.queue.queue);
+        if let Ok(depth) = broker::bounded(broker::queue_depth(&channel, &dlq)).await {
+            metrics::gauge!(crate::metrics::CONSUMER_DLQ_DEPTH, "consumer" => name.clone())
+                .set(f64::from(depth));
+        }
+        let mut ready = Some(0.0);
+        for queue in self.config.queue.queues() {
+            ready = match broker::bounded(broker::queue_depth(&channel, &queue)).await {
+                Ok(depth) => ready.map(|n| n + f64::from(depth)),
+                Err(_) => None,
+            };
+        }
+        if let Some(ready) = ready {
+            metrics::gauge!(crate::metrics::CONSUMER_QUEUE_DEPTH, "consumer" => name).set(ready);
+        }
+        *probe = Some(channel);
     }
 
     fn count_redelivered(&self, group: &[Delivery]) {

@@ -271,3 +271,58 @@ async fn one_lane_whose_channel_fails_sends_back_only_its_own_deliveries() {
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// Lane 0 looks at the queue's and the DLQ's depths every 2 s. A look at a
+/// queue that is gone (an operator deleted the DLQ) fails, and the broker
+/// closes the channel it ran on: that must not be the consuming channel,
+/// whose prefetched deliveries would all go back, each a step toward a
+/// dead letter.
+#[tokio::test]
+async fn a_depth_look_at_a_missing_queue_returns_no_delivery() {
+    use lapin::options::QueueDeleteOptions;
+    let (db, broker, mut cfg) = setup().await;
+    let queue = cfg.queue.queue.clone();
+    cfg.lanes = 1;
+    cfg.prefetch = 50;
+    cfg.batch_max = 1;
+    let events = 200;
+    for id in 1..=events {
+        broker
+            .publish_to_queue(
+                &queue,
+                &serde_json::to_vec(&envelope("svc", id, 1, &format!("agg-{id}"), "Added", 1))
+                    .unwrap(),
+            )
+            .await;
+    }
+    let handler = AddingHandler {
+        work: Duration::from_millis(20),
+        ..AddingHandler::default()
+    };
+    let (stop, consumer, task) = start(&db, cfg, handler);
+    wait_until(DEADLINE, "the lane under way", || async {
+        consumer.stats().applied >= 1
+    })
+    .await;
+    let dlq = broker::dead_letter_queue(&queue);
+    broker
+        .channel
+        .queue_delete(dlq.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    wait_until(DEADLINE, "every event applied", || async {
+        consumer.stats().applied == events as u64
+    })
+    .await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (stats.redelivered, stats.lane_restarts),
+        (0, 0),
+        "the failed looks (one each 2 s over {} s) sent nothing back: {stats:?}",
+        events * 20 / 1000
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
