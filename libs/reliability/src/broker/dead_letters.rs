@@ -166,7 +166,6 @@ async fn publish_confirmed(
     body: &[u8],
     props: lapin::BasicProperties,
 ) -> Result<()> {
-    let queue = routing_key;
     let confirm = channel
         .basic_publish(
             ShortString::from(exchange),
@@ -183,7 +182,7 @@ async fn publish_confirmed(
     match confirm {
         Confirmation::Ack(None) => Ok(()),
         other => Err(Error::Refused(format!(
-            "publish to queue {queue}: {other:?}"
+            "publish to exchange '{exchange}' with key '{routing_key}': {other:?}"
         ))),
     }
 }

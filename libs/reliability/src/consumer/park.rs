@@ -299,7 +299,7 @@ impl<H: Handler> Consumer<Pg<H>> {
             .execute(&mut *tx)
             .await?;
             let first: Option<Envelope> = self
-                .first_parked(&mut tx, r)
+                .replay_head(&mut tx, r)
                 .await?
                 .map(serde_json::from_value)
                 .transpose()?;
@@ -369,7 +369,9 @@ impl<H: Handler> Consumer<Pg<H>> {
         locks
     }
 
-    async fn first_parked(
+    /// The envelope of the first event of `r` still parked: the next one
+    /// its replay applies.
+    async fn replay_head(
         &self,
         tx: &mut TenantTx,
         r: &Overview,
