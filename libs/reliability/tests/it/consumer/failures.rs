@@ -227,15 +227,7 @@ async fn one_lane_whose_channel_fails_sends_back_only_its_own_deliveries() {
     cfg.prefetch = 20;
     cfg.batch_max = 1;
     let events = 400;
-    for id in 1..=events {
-        broker
-            .publish_to_queue(
-                &queue,
-                &serde_json::to_vec(&envelope("svc", id, 1, &format!("agg-{id}"), "Added", 1))
-                    .unwrap(),
-            )
-            .await;
-    }
+    publish_added(&broker, &queue, events).await;
     let handler = AddingHandler {
         work: Duration::from_millis(5),
         ..AddingHandler::default()
@@ -286,15 +278,7 @@ async fn a_depth_look_at_a_missing_queue_returns_no_delivery() {
     cfg.prefetch = 50;
     cfg.batch_max = 1;
     let events = 200;
-    for id in 1..=events {
-        broker
-            .publish_to_queue(
-                &queue,
-                &serde_json::to_vec(&envelope("svc", id, 1, &format!("agg-{id}"), "Added", 1))
-                    .unwrap(),
-            )
-            .await;
-    }
+    publish_added(&broker, &queue, events).await;
     let handler = AddingHandler {
         work: Duration::from_millis(20),
         ..AddingHandler::default()
@@ -325,4 +309,15 @@ async fn a_depth_look_at_a_missing_queue_returns_no_delivery() {
     task.await.unwrap().unwrap();
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
+}
+
+/// Events `1..=events`, each of an aggregate of its own, published
+/// straight to `queue`.
+async fn publish_added(broker: &crate::support::Broker, queue: &str, events: i64) {
+    for id in 1..=events {
+        let event = envelope("svc", id, 1, &format!("agg-{id}"), "Added", 1);
+        broker
+            .publish_to_queue(queue, &serde_json::to_vec(&event).unwrap())
+            .await;
+    }
 }
