@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
+.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ status: ## show which services of the stack run
 
 demo: ## place a few orders on the running stack and show how each ends
 	scripts/demo.sh
+
+verify: ## the running stack's order views and ordered histories against their sources (ADR 0035); exit 1 while one differs; make verify ARGS=--repair mends them
+	scripts/stack.sh verify $(ARGS)
 
 doctor: ## check every prerequisite of make up / make test and print the fix for each missing one
 	@scripts/doctor.sh

@@ -3,6 +3,7 @@
 # local PostgreSQL and RabbitMQ, `down` stops exactly what `up` started (by
 # recorded pid), `logs` follows the logs, `status` shows what runs, `reset`
 # stops the stack and drops its databases and queues (its data is lost),
+# `verify` holds the projection's views to their sources (ADR 0035),
 # `observe` starts a Prometheus (Debian's package) on the running stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ for _entry in $SERVICES; do
   export "$_var=${!_var:-postgres://$PG_HOST:$PG_PORT/$_svc}"
 done
 unset _entry _svc _var
+# The projection verifies its views against these on a schedule (ADR 0035).
+export VERIFY_SOURCES=${VERIFY_SOURCES:-orders=$ORDERS_DATABASE_URL,inventory=$INVENTORY_DATABASE_URL,payments=$PAYMENTS_DATABASE_URL}
 
 bin() { echo "${CARGO_TARGET_DIR:-target}/$PROFILE/$1"; }
 
@@ -312,12 +315,19 @@ logs() {
   tail -n 20 -F "$RUN"/logs/*.log
 }
 
+# One verification pass of the projection against its sources (ADR 0035):
+# exit 1 while a view differs. `make verify ARGS=--repair` re-derives them.
+verify() {
+  PROJECTION_DATABASE_URL=$PROJECTION_DATABASE_URL "$(bin projection)" verify "$@"
+}
+
 case "${1:-}" in
   up) up ;;
+  verify) shift; verify "$@" ;;
   down) down ;;
   status) status ;;
   logs) logs ;;
   reset) reset ;;
   observe) observe ;;
-  *) echo "usage: $0 up|down|status|logs|reset|observe" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|logs|reset|observe|verify [--repair] [--json]" >&2; exit 2 ;;
 esac

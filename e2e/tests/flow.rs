@@ -301,3 +301,130 @@ async fn a_rebuild_beside_the_live_projection_consumer_loses_nothing() {
     );
     stack.stop().await;
 }
+
+/// Verification (docs/adr/0035): a clean stack verifies clean; drift put
+/// into each kind of row is named, entity by entity, once the grace has
+/// passed and not before; a repair beside the live consumers mends it.
+#[tokio::test]
+async fn verify_names_each_drift_and_its_repair_leaves_none() {
+    use projection::verify::{Sources, Verifier};
+    let stack = Stack::start().await.unwrap();
+    stack.stock(1, "SKU-V", 100).await;
+    let mut ids = Vec::new();
+    for customer in ["c-1", "c-2", "decline-x"] {
+        let id = stack.order(1, customer, "SKU-V", 1).await;
+        stack.settled(1, id).await;
+        ids.push(id);
+    }
+    let (flipped, lost, spurious) = (ids[0], ids[1], ids[2]);
+    let projection = &stack.dbs.projection.owner;
+    let applied = |id: i64| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM aggregate_history WHERE aggregate_type = 'order' AND aggregate_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_one(projection)
+        .await
+        .unwrap()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the order's history applied",
+        || async { applied(flipped).await >= 2 },
+    )
+    .await;
+    let sources = Sources {
+        orders: stack.dbs.orders.owner.clone(),
+        inventory: stack.dbs.inventory.owner.clone(),
+        payments: stack.dbs.payments.owner.clone(),
+    };
+    let verifier = |grace| Verifier::new(projection.clone(), sources.clone(), grace, 2);
+    let differences = |report: projection::verify::Report| {
+        let mut found: Vec<(String, String, bool)> = report
+            .differences
+            .into_iter()
+            .map(|d| (d.view.to_owned(), d.entity, d.repaired))
+            .collect();
+        found.sort();
+        found
+    };
+    let clean = verifier(Duration::ZERO).run_once(false).await.unwrap();
+    assert_eq!(
+        differences(clean),
+        vec![],
+        "a stack left alone verifies clean"
+    );
+
+    // A status flipped; an applied event lost (its row, and the view as a
+    // recompute without it leaves it); an event no source emitted; two
+    // events of a history swapped.
+    for drift in [
+        format!("UPDATE order_views SET status = 'cancelled' WHERE order_id = {flipped}"),
+        format!(
+            "DELETE FROM order_view_events WHERE order_id = {lost} AND event_type = 'PaymentCaptured'"
+        ),
+        format!("UPDATE order_views SET payment_status = 'pending' WHERE order_id = {lost}"),
+        format!(
+            "INSERT INTO order_view_events (tenant_id, order_id, source, message_id, event_type, occurred_at, payload)
+             VALUES (1, {spurious}, 'payments', 999999, 'RefundIssued', now(), '{{\"amount_cents\": 100}}')"
+        ),
+        format!("UPDATE order_views SET refunded_cents = 100 WHERE order_id = {spurious}"),
+        // (1 -> -2 -> 2, 2 -> -1 -> 1: the key is checked row by row)
+        format!(
+            "UPDATE aggregate_history SET position = position - 3
+             WHERE aggregate_type = 'order' AND aggregate_id = '{flipped}' AND position IN (1, 2)"
+        ),
+        format!(
+            "UPDATE aggregate_history SET position = -position
+             WHERE aggregate_type = 'order' AND aggregate_id = '{flipped}' AND position < 0"
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(drift))
+            .execute(projection)
+            .await
+            .unwrap();
+    }
+    let fresh = verifier(Duration::from_secs(3600))
+        .run_once(false)
+        .await
+        .unwrap();
+    assert_eq!(
+        fresh.orders_settling, 3,
+        "within the grace, no order is held to its sources"
+    );
+    assert_eq!(
+        differences(fresh),
+        vec![("history".into(), format!("order:{flipped}"), false)],
+        "a history out of order is wrong at any age"
+    );
+    let named = |repaired| {
+        let mut all = vec![
+            ("history".to_owned(), format!("order:{flipped}"), repaired),
+            ("orders".to_owned(), flipped.to_string(), repaired),
+            ("orders".to_owned(), lost.to_string(), repaired),
+            ("orders".to_owned(), spurious.to_string(), repaired),
+        ];
+        all.sort();
+        all
+    };
+    let found = verifier(Duration::ZERO).run_once(false).await.unwrap();
+    assert_eq!(differences(found), named(false), "each drift named");
+    let repaired = verifier(Duration::ZERO).run_once(true).await.unwrap();
+    assert_eq!(differences(repaired), named(true), "each repaired");
+    let after = verifier(Duration::ZERO).run_once(false).await.unwrap();
+    assert_eq!(
+        differences(after),
+        vec![],
+        "nothing differs after the repair"
+    );
+    let history: Vec<String> = sqlx::query_scalar(
+        "SELECT event_type FROM aggregate_history
+         WHERE aggregate_type = 'order' AND aggregate_id = $1 ORDER BY position",
+    )
+    .bind(flipped.to_string())
+    .fetch_all(projection)
+    .await
+    .unwrap();
+    assert_eq!(history, ["OrderPlaced", "OrderConfirmed"]);
+    stack.stop().await;
+}

@@ -60,6 +60,7 @@ fn exported() -> Vec<Metric> {
     CATALOGUE
         .iter()
         .chain(payments::worker::METRICS)
+        .chain(projection::verify::METRICS)
         .copied()
         .collect()
 }

@@ -332,6 +332,19 @@ pub fn payload_lock_key(event: &Envelope, aggregate: &str, field: &str) -> Strin
     }
 }
 
+/// A transaction of `tenant` that holds the lock `consumer`'s appliers take
+/// for `key` (their [`Handler::lock_key`]): for a repair that writes what
+/// the handler writes, beside live appliers of the same consumer. Neither
+/// sees the other's half-done work.
+pub async fn begin_as_handler(
+    pool: &sqlx::PgPool,
+    consumer: &str,
+    tenant: TenantId,
+    key: &str,
+) -> sqlx::Result<TenantTx> {
+    TenantTx::begin_locked(pool, tenant, &[lock_id(consumer, tenant.get(), key)]).await
+}
+
 /// The advisory lock id of `key` in `consumer`'s state of `tenant`: the
 /// first 8 bytes of a SHA-256, so every process computes the same.
 fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {

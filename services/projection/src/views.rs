@@ -55,7 +55,7 @@ impl Handler for Views {
 
 /// The view as a function of the set of events: terminal states win, a
 /// reservation is committed or released by the order's outcome.
-async fn recompute(tx: &mut TenantTx, order_id: i64) -> Result<(), sqlx::Error> {
+pub(crate) async fn recompute(tx: &mut TenantTx, order_id: i64) -> Result<(), sqlx::Error> {
     sqlx::query(
         "WITH e AS (SELECT event_type, payload FROM order_view_events WHERE order_id = $2),
               has AS (SELECT bool_or(event_type = 'OrderConfirmed') AS confirmed,

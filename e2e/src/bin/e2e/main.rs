@@ -287,6 +287,7 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
     if let Some(pooler) = world.pooler() {
         rows.push(pooled::row(pooler, &world.database_url(), Instant::now()));
     }
+    rows.push(verified_row(&run.dbs).await);
     run.cluster.stop_all();
     rows.push(untouched_row(watch).await);
     let strict = std::env::var("E2E_STRICT").is_ok_and(|v| v == "1");
@@ -298,6 +299,25 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
         anyhow::bail!("E2E_STRICT=1: a scenario that cannot run here counts as a failure");
     }
     Ok(())
+}
+
+/// The views the whole run derived, against their sources (ADR 0035).
+async fn verified_row(dbs: &Dbs) -> Row {
+    let t0 = Instant::now();
+    let violations = dbs
+        .views_verified()
+        .await
+        .unwrap_or_else(|e| vec![format!("verify: {e:#}")]);
+    Row {
+        name: "derived views equal their sources (projection verify)",
+        faults: "every order view and ordered history of the run, once quiet".into(),
+        verdict: Verdict {
+            violations,
+            ..Verdict::default()
+        },
+        secs: t0.elapsed().as_secs_f64(),
+        skipped: None,
+    }
 }
 
 /// The last row: the developer's PostgreSQL and RabbitMQ as the run found them.
