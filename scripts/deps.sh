@@ -153,7 +153,18 @@ else
   say "PostgreSQL: asks for a password (scram); setting passwords and writing .env"
   admin_pw=$(openssl rand -hex 16)
   role_pw=$(openssl rand -hex 16)
-  as_postgres psql -p "$PG_PORT" -qc "ALTER ROLE postgres PASSWORD '$admin_pw'"
+  # As a SCRAM verifier, as psql's \password sends it: a statement can land
+  # in the server's log (log_statement = ddl, or when it fails), and the
+  # password must not (the stack's roles get theirs the same way, from
+  # reliability setup).
+  admin_verifier=$(PW=$admin_pw python3 -c '
+import base64, hashlib, hmac, os
+pw, salt, n = os.environ["PW"].encode(), os.urandom(16), 4096
+salted = hashlib.pbkdf2_hmac("sha256", pw, salt, n)
+stored = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+server = hmac.new(salted, b"Server Key", "sha256").digest()
+print("SCRAM-SHA-256$%d:%s$%s:%s" % (n, *(base64.b64encode(b).decode() for b in (salt, stored, server))))')
+  as_postgres psql -p "$PG_PORT" -qc "ALTER ROLE postgres PASSWORD '$admin_verifier'"
   as_user bash -c 'umask 077; cat >>.env' <<ENV
 # Written by make deps: this machine's PostgreSQL asks for passwords.
 # Git-ignored; make up, make doctor and the services read it.

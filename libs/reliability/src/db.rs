@@ -13,6 +13,8 @@ use sqlx::{Executor, PgPool};
 
 use crate::Result;
 
+pub mod scram;
+
 pub const OWNER_ROLE: &str = "commerce_owner";
 pub const APP_ROLE: &str = "commerce_app";
 pub const RELAY_ROLE: &str = "commerce_relay";
@@ -178,15 +180,29 @@ pub async fn set_role_passwords(superuser: &PgPool) -> Result<bool> {
         return Ok(false);
     };
     for role in [OWNER_ROLE, APP_ROLE, RELAY_ROLE] {
-        // ALTER ROLE takes no bind parameters: quote it server-side.
-        let sql: String = sqlx::query_scalar("SELECT format('ALTER ROLE %I PASSWORD %L', $1, $2)")
-            .bind(role)
-            .bind(&password)
-            .fetch_one(superuser)
-            .await?;
-        superuser.execute(sqlx::AssertSqlSafe(sql)).await?;
+        set_role_password(superuser, role, &password).await?;
     }
     Ok(true)
+}
+
+/// Sets `role`'s password as a SCRAM verifier computed here: the server
+/// never sees the password, so its log cannot hold it.
+pub async fn set_role_password(superuser: &PgPool, role: &str, password: &str) -> Result<()> {
+    let sql = alter_role_password(superuser, role, &scram::new_verifier(password)).await?;
+    superuser.execute(sqlx::AssertSqlSafe(sql)).await?;
+    Ok(())
+}
+
+/// The `ALTER ROLE` statement that gives `role` the verifier `secret`.
+/// ALTER ROLE takes no bind parameters: quoted server-side.
+pub async fn alter_role_password(superuser: &PgPool, role: &str, secret: &str) -> Result<String> {
+    Ok(
+        sqlx::query_scalar("SELECT format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text)")
+            .bind(role)
+            .bind(secret)
+            .fetch_one(superuser)
+            .await?,
+    )
 }
 
 /// Makes aws-lc-rs the process's TLS crypto provider, once, before any

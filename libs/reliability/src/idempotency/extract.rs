@@ -47,6 +47,26 @@ pub fn request_hash(body: &serde_json::Value) -> Vec<u8> {
     Sha256::digest(&canonical).to_vec()
 }
 
+/// The largest integer an IEEE double holds exactly. RFC 8785 writes every
+/// number as a double, so two integers past it can share a canonical form:
+/// a second request would be answered with the first's response for a
+/// body it never sent. Such integers are refused (I-JSON, RFC 7493 2.2).
+const EXACT: u64 = 1 << 53;
+
+/// Whether every integer of `v` is one a double holds exactly.
+fn integers_exact(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => {
+            n.as_u64().is_none_or(|u| u <= EXACT)
+                && n.as_i64().is_none_or(|i| i.unsigned_abs() <= EXACT)
+        }
+        Value::Array(items) => items.iter().all(integers_exact),
+        Value::Object(fields) => fields.values().all(integers_exact),
+        _ => true,
+    }
+}
+
 impl<S, T> FromRequest<S> for Idempotent<T>
 where
     S: Send + Sync,
@@ -86,6 +106,14 @@ where
             })?;
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|_| bad_request("malformed_json", "the body is not valid JSON"))?;
+        if !integers_exact(&value) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "number_out_of_range",
+                "an integer beyond ±2^53 cannot be told apart from its neighbours; send it as a string",
+            )
+            .into_response());
+        }
         let hash = request_hash(&value);
         let body: T = serde_json::from_value(value).map_err(|e| {
             ApiError::new(
@@ -171,6 +199,40 @@ mod tests {
             request_hash(&a),
             request_hash(&json!({"a": 2, "b": [1, {"x": "s", "y": 2}]}))
         );
+    }
+
+    /// RFC 8785's own example (section 3.2.3): numbers as doubles, keys
+    /// sorted, strings escaped as it says.
+    #[test]
+    fn the_canonical_form_is_rfc_8785s() {
+        let input = r#"{
+          "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+          "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+          "literals": [null, true, false]
+        }"#;
+        let value: serde_json::Value = serde_json::from_str(input).unwrap();
+        let expected = r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
+        assert_eq!(
+            String::from_utf8(serde_jcs::to_vec(&value).unwrap()).unwrap(),
+            expected
+        );
+        assert_eq!(
+            request_hash(&value),
+            Sha256::digest(expected.as_bytes()).to_vec()
+        );
+    }
+
+    #[test]
+    fn integers_past_2_pow_53_are_not_exact() {
+        for (body, exact) in [
+            (json!({"q": 9_007_199_254_740_992_u64}), true),
+            (json!({"q": -9_007_199_254_740_992_i64}), true),
+            (json!({"a": [{"q": 9_007_199_254_740_993_u64}]}), false),
+            (json!({"q": -9_007_199_254_740_993_i64}), false),
+            (json!({"q": 1e300}), true),
+        ] {
+            assert_eq!(integers_exact(&body), exact, "{body}");
+        }
     }
 
     #[test]

@@ -330,3 +330,51 @@ async fn a_rotated_key_is_fetched_from_the_jwks_url_when_its_kid_first_appears()
         "at most one fetch per interval"
     );
 }
+
+/// A fetch that brings no usable key (an identity provider's set emptied
+/// by mistake, or keys we cannot read) keeps the last good set: replacing
+/// it would refuse every token until the next good answer.
+#[tokio::test]
+async fn an_empty_key_set_keeps_the_last_good_one() {
+    let key = IdpKey::new(Algorithm::ES256, "2026-03");
+    let published = Arc::new(Mutex::new(JwkSet {
+        keys: vec![key.jwk()],
+    }));
+    let fetches = Arc::new(Mutex::new(0));
+    let app = {
+        let (published, fetches) = (published.clone(), fetches.clone());
+        Router::new().route(
+            "/jwks.json",
+            get(move || {
+                *fetches.lock().unwrap() += 1;
+                let body = serde_json::to_string(&*published.lock().unwrap()).unwrap();
+                std::future::ready(body)
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let keys = AuthSettings {
+        jwt_jwks: Some(url),
+        ..AuthSettings::default()
+    }
+    .load("0.0.0.0")
+    .await
+    .unwrap();
+    assert_eq!(verify(&keys, &key.sign(&claims(7))).await, Some(7));
+
+    published.lock().unwrap().keys.clear();
+    let stranger = IdpKey::new(Algorithm::ES256, "unknown");
+    assert_eq!(verify(&keys, &stranger.sign(&claims(7))).await, None);
+    assert_eq!(
+        *fetches.lock().unwrap(),
+        2,
+        "the unknown kid fetched the set"
+    );
+    assert_eq!(
+        verify(&keys, &key.sign(&claims(8))).await,
+        Some(8),
+        "the empty answer replaced nothing"
+    );
+}

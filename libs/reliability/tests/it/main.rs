@@ -10,6 +10,7 @@ mod idempotency;
 mod maintenance;
 mod ordered;
 mod relay;
+mod roles;
 mod support;
 mod tenancy;
 mod tls;

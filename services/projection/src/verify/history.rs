@@ -2,8 +2,15 @@
 //! aggregate, the relay's numbers (`aggregate_seq`) one after another, and
 //! events a relay published without a number (before numbering began)
 //! before the numbered ones, in outbox order. The gate applies nothing
-//! else (docs/adr/0028), in flight or not, so any other sequence is a
-//! defect, with no grace period: no look at the sources is needed.
+//! out of order (docs/adr/0028), in flight or not, so that needs no grace
+//! period and no look at the sources.
+//!
+//! A number skipped is a defect here because this subscription binds every
+//! event its sources number in an aggregate (`orders.*`; inventory's
+//! product aggregate has one event, `StockAdjusted`): a relay numbers all
+//! of an aggregate's events. The gate lets a number go by (an ordered
+//! subscription that binds fewer events sees them skipped by design), so
+//! a dead-lettered event leaves a gap that only this check names.
 
 use reliability::consumer::begin_as_handler;
 use reliability::{Result, TenantId};
