@@ -42,28 +42,43 @@ fn parse_key(headers: &HeaderMap) -> Result<String, ApiError> {
 
 /// SHA-256 of the body in RFC 8785 canonical form: key order, whitespace and
 /// number spelling (`2.0` vs `2`) do not change it.
+///
+/// RFC 8785 writes every number as an IEEE double, so two integers past
+/// ±2^53 can share a canonical form, and a second request would be
+/// answered with the first's response for a body it never sent. Such
+/// integers are hashed once more, exactly, after the canonical form and a
+/// NUL byte (which the canonical form, escaping every control character,
+/// never holds): bodies within I-JSON's range hash as RFC 8785 says.
 pub fn request_hash(body: &serde_json::Value) -> Vec<u8> {
     let canonical = serde_jcs::to_vec(body).expect("a parsed JSON value always serializes");
-    Sha256::digest(&canonical).to_vec()
+    let mut hash = Sha256::new();
+    hash.update(&canonical);
+    let mut inexact = Vec::new();
+    integers_past_doubles(body, &mut inexact);
+    if !inexact.is_empty() {
+        hash.update([0]);
+        hash.update(inexact.join(",").as_bytes());
+    }
+    hash.finalize().to_vec()
 }
 
-/// The largest integer an IEEE double holds exactly. RFC 8785 writes every
-/// number as a double, so two integers past it can share a canonical form:
-/// a second request would be answered with the first's response for a
-/// body it never sent. Such integers are refused (I-JSON, RFC 7493 2.2).
+/// The largest integer an IEEE double holds exactly.
 const EXACT: u64 = 1 << 53;
 
-/// Whether every integer of `v` is one a double holds exactly.
-fn integers_exact(v: &serde_json::Value) -> bool {
+/// Every integer of `v` that a double cannot hold, in the value's order.
+fn integers_past_doubles(v: &serde_json::Value, out: &mut Vec<String>) {
     use serde_json::Value;
     match v {
         Value::Number(n) => {
-            n.as_u64().is_none_or(|u| u <= EXACT)
-                && n.as_i64().is_none_or(|i| i.unsigned_abs() <= EXACT)
+            let past = n.as_u64().is_some_and(|u| u > EXACT)
+                || n.as_i64().is_some_and(|i| i.unsigned_abs() > EXACT);
+            if past {
+                out.push(n.to_string());
+            }
         }
-        Value::Array(items) => items.iter().all(integers_exact),
-        Value::Object(fields) => fields.values().all(integers_exact),
-        _ => true,
+        Value::Array(items) => items.iter().for_each(|i| integers_past_doubles(i, out)),
+        Value::Object(fields) => fields.values().for_each(|f| integers_past_doubles(f, out)),
+        _ => {}
     }
 }
 
@@ -106,14 +121,6 @@ where
             })?;
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|_| bad_request("malformed_json", "the body is not valid JSON"))?;
-        if !integers_exact(&value) {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "number_out_of_range",
-                "an integer beyond ±2^53 cannot be told apart from its neighbours; send it as a string",
-            )
-            .into_response());
-        }
         let hash = request_hash(&value);
         let body: T = serde_json::from_value(value).map_err(|e| {
             ApiError::new(
@@ -223,16 +230,29 @@ mod tests {
     }
 
     #[test]
-    fn integers_past_2_pow_53_are_not_exact() {
-        for (body, exact) in [
-            (json!({"q": 9_007_199_254_740_992_u64}), true),
-            (json!({"q": -9_007_199_254_740_992_i64}), true),
-            (json!({"a": [{"q": 9_007_199_254_740_993_u64}]}), false),
-            (json!({"q": -9_007_199_254_740_993_i64}), false),
-            (json!({"q": 1e300}), true),
-        ] {
-            assert_eq!(integers_exact(&body), exact, "{body}");
-        }
+    fn integers_past_2_pow_53_hash_apart() {
+        let hash = |v: serde_json::Value| request_hash(&v);
+        // Within a double's exact range: RFC 8785's hash, nothing added.
+        let small = json!({"q": 9_007_199_254_740_992_u64});
+        assert_eq!(
+            hash(small.clone()),
+            Sha256::digest(serde_jcs::to_vec(&small).unwrap()).to_vec()
+        );
+        // Past it: the same canonical form, different hashes.
+        let (a, b) = (
+            json!({"a": [{"q": 9_007_199_254_740_993_u64}]}),
+            json!({"a": [{"q": 9_007_199_254_740_992_u64}]}),
+        );
+        assert_eq!(
+            serde_jcs::to_vec(&a).unwrap(),
+            serde_jcs::to_vec(&b).unwrap()
+        );
+        assert_ne!(hash(a.clone()), hash(b));
+        assert_eq!(hash(a.clone()), hash(a));
+        assert_ne!(
+            hash(json!({"q": -9_007_199_254_740_993_i64})),
+            hash(json!({"q": -9_007_199_254_740_992_i64}))
+        );
     }
 
     #[test]
