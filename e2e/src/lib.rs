@@ -9,6 +9,7 @@ pub mod hosts;
 pub mod pooler;
 pub mod procs;
 pub mod untouched;
+pub mod verified;
 pub mod world;
 
 use std::time::Duration;

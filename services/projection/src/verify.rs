@@ -62,6 +62,15 @@ pub struct Key {
     pub order_id: i64,
 }
 
+impl Key {
+    pub fn new(tenant_id: i64, order_id: i64) -> Self {
+        Self {
+            tenant_id,
+            order_id,
+        }
+    }
+}
+
 /// One entity whose view differs from its source.
 #[derive(Debug, Clone, Serialize)]
 pub struct Difference {

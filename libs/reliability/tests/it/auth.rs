@@ -279,16 +279,12 @@ async fn rs256_and_es256_tokens_verify_against_a_jwks_file_and_nothing_else_does
     std::fs::remove_file(&path).unwrap();
 }
 
-#[tokio::test]
-async fn a_rotated_key_is_fetched_from_the_jwks_url_when_its_kid_first_appears() {
-    let old = IdpKey::new(Algorithm::ES256, "2026-01");
-    let new = IdpKey::new(Algorithm::RS256, "2026-02");
-    let published = Arc::new(Mutex::new(JwkSet {
-        keys: vec![old.jwk()],
-    }));
+/// An identity provider serving `published` at its JWKS URL: the URL, and
+/// how many times the set was fetched.
+async fn serve_jwks(published: Arc<Mutex<JwkSet>>) -> (String, Arc<Mutex<usize>>) {
     let fetches = Arc::new(Mutex::new(0));
     let app = {
-        let (published, fetches) = (published.clone(), fetches.clone());
+        let fetches = fetches.clone();
         Router::new().route(
             "/jwks.json",
             get(move || {
@@ -301,6 +297,17 @@ async fn a_rotated_key_is_fetched_from_the_jwks_url_when_its_kid_first_appears()
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, fetches)
+}
+
+#[tokio::test]
+async fn a_rotated_key_is_fetched_from_the_jwks_url_when_its_kid_first_appears() {
+    let old = IdpKey::new(Algorithm::ES256, "2026-01");
+    let new = IdpKey::new(Algorithm::RS256, "2026-02");
+    let published = Arc::new(Mutex::new(JwkSet {
+        keys: vec![old.jwk()],
+    }));
+    let (url, fetches) = serve_jwks(published.clone()).await;
 
     let keys = AuthSettings {
         jwt_jwks: Some(url),
@@ -340,21 +347,7 @@ async fn an_empty_key_set_keeps_the_last_good_one() {
     let published = Arc::new(Mutex::new(JwkSet {
         keys: vec![key.jwk()],
     }));
-    let fetches = Arc::new(Mutex::new(0));
-    let app = {
-        let (published, fetches) = (published.clone(), fetches.clone());
-        Router::new().route(
-            "/jwks.json",
-            get(move || {
-                *fetches.lock().unwrap() += 1;
-                let body = serde_json::to_string(&*published.lock().unwrap()).unwrap();
-                std::future::ready(body)
-            }),
-        )
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (url, fetches) = serve_jwks(published.clone()).await;
     let keys = AuthSettings {
         jwt_jwks: Some(url),
         ..AuthSettings::default()

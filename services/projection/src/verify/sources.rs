@@ -106,13 +106,7 @@ pub async fn after(
     .bind(grace_secs)
     .fetch_all(&sources.orders)
     .await?;
-    let keys: Vec<Key> = orders
-        .iter()
-        .map(|o| Key {
-            tenant_id: o.0,
-            order_id: o.1,
-        })
-        .collect();
+    let keys: Vec<Key> = orders.iter().map(|o| Key::new(o.0, o.1)).collect();
     let (reservations, payments) = (
         reservations(sources, &keys, grace_secs).await?,
         payments(sources, &keys, grace_secs).await?,
@@ -120,10 +114,7 @@ pub async fn after(
     Ok(orders
         .into_iter()
         .map(|(tenant_id, order_id, status, total, currency, still)| {
-            let key = Key {
-                tenant_id,
-                order_id,
-            };
+            let key = Key::new(tenant_id, order_id);
             let reservation = reservations.get(&key);
             let payment = payments.get(&key);
             let reservation_status = reservation.map_or("pending", |r| r.0.as_str());
@@ -176,13 +167,7 @@ async fn reservations(
     Ok(rows
         .into_iter()
         .map(|(tenant_id, order_id, status, still)| {
-            (
-                Key {
-                    tenant_id,
-                    order_id,
-                },
-                (status, still),
-            )
+            (Key::new(tenant_id, order_id), (status, still))
         })
         .collect())
 }
@@ -212,13 +197,7 @@ async fn payments(
     Ok(rows
         .into_iter()
         .map(|(tenant_id, order_id, status, refunded, still)| {
-            (
-                Key {
-                    tenant_id,
-                    order_id,
-                },
-                (status, refunded, still),
-            )
+            (Key::new(tenant_id, order_id), (status, refunded, still))
         })
         .collect())
 }
@@ -259,15 +238,7 @@ pub async fn views_between(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| {
-            (
-                Key {
-                    tenant_id: r.tenant_id,
-                    order_id: r.order_id,
-                },
-                r.state,
-            )
-        })
+        .map(|r| (Key::new(r.tenant_id, r.order_id), r.state))
         .collect())
 }
 
