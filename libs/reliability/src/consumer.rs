@@ -179,8 +179,20 @@ pub struct ConsumerConfig {
     /// queue, applying its deliveries in turn, beside the others
     /// (docs/adr/0010, 0024).
     pub lanes: usize,
+    /// How long one apply (a group's, or one event's) may take before the
+    /// lane gives up on it and its connection, costing a try
+    /// ([`APPLY_BOUND`] by default).
+    pub apply_bound: Duration,
     pub fail_points: FailPoints,
 }
+
+/// An apply's bound, on our side. Longer than any statement the runtime
+/// role may run (`statement_timeout` 30 s) and a lock wait (`lock_timeout`
+/// 5 s): a slow apply is ended by the server first, with its own error.
+/// This one ends what the server cannot end: an answer lost with the link
+/// to it (docs/adr/0022, amended). sqlx sets no read timeout on its
+/// sockets; without it, a lane waited on TCP's retransmission for minutes.
+pub const APPLY_BOUND: Duration = Duration::from_secs(40);
 
 impl ConsumerConfig {
     /// Queue `name` bound to `bindings` on `exchange`; 5 tries 200 ms apart
@@ -194,6 +206,7 @@ impl ConsumerConfig {
             retry_delay: Duration::from_millis(200),
             batch_max: 32,
             lanes: 1,
+            apply_bound: APPLY_BOUND,
             fail_points: FailPoints::none(),
         }
     }

@@ -219,10 +219,43 @@ pub fn use_one_crypto_provider() {
     });
 }
 
+/// How long a connection given back with work unfinished (a transaction
+/// dropped without its commit, a statement abandoned half way) may take to
+/// answer before it is closed instead of pooled (docs/adr/0022, amended).
+pub const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// The options every pool of ours starts from: a connection given back with
+/// work unfinished must answer within [`RELEASE_BOUND`] or is closed.
+///
+/// Why: sqlx tests each connection it is given back with a ping that has
+/// no bound of its own, and sets no read timeout or keepalive on the
+/// socket. A connection dropped mid-statement because its host lost the
+/// link (the apply's bound gave up on it) waited in that ping until TCP's
+/// retransmission gave up or got through, minutes, holding a pool slot.
+/// A connection given back clean (a commit, a plain query) has nothing
+/// queued and costs nothing here.
+pub fn pool_options() -> PgPoolOptions {
+    use sqlx::Connection;
+    PgPoolOptions::new().after_release(|conn, _| {
+        Box::pin(async move {
+            // Nothing queued: released after its commit or its answer.
+            if !conn.should_flush() {
+                return Ok(true);
+            }
+            match tokio::time::timeout(RELEASE_BOUND, conn.ping()).await {
+                Ok(Ok(())) => Ok(true),
+                Ok(Err(e)) => Err(e),
+                // An error closes it without a goodbye, which could wait too.
+                Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        })
+    })
+}
+
 /// A pool with the settings every service uses.
 pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgPool> {
     use_one_crypto_provider();
-    Ok(PgPoolOptions::new()
+    Ok(pool_options()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)

@@ -90,7 +90,7 @@ pub struct TestDb {
 /// PostgreSQL's default 100 connections, and a relay that cannot connect
 /// backs off (a CI flake: an outbox not drained in time).
 async fn test_pool(options: PgConnectOptions, max_connections: u32) -> crate::Result<PgPool> {
-    Ok(sqlx::postgres::PgPoolOptions::new()
+    Ok(db::pool_options()
         .max_connections(max_connections)
         .idle_timeout(Duration::from_secs(5))
         .acquire_timeout(Duration::from_secs(10))
@@ -173,7 +173,7 @@ impl TestDb {
             .port(via.port());
         // The role's own password where PostgreSQL asks for one.
         let opts = db::options_for_role(&base, role);
-        sqlx::postgres::PgPoolOptions::new()
+        db::pool_options()
             .max_connections(4)
             .acquire_timeout(Duration::from_millis(200))
             .connect_lazy_with(opts)

@@ -244,7 +244,7 @@ impl<A: Apply> Consumer<A> {
         if parsed.is_empty() {
             return Ok(true);
         }
-        match A::group(self, &parsed, lane).await {
+        match self.bounded(A::group(self, &parsed, lane)).await {
             Ok(outcomes) => {
                 self.config
                     .fail_points

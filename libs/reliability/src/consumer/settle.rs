@@ -45,7 +45,7 @@ impl<A: Apply> Consumer<A> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
         loop {
-            let failure = match A::one(self, &event, lane).await {
+            let failure = match self.bounded(A::one(self, &event, lane)).await {
                 Ok(outcome) => {
                     self.config
                         .fail_points
@@ -79,7 +79,7 @@ impl<A: Apply> Consumer<A> {
             let Some(wait) = wait else {
                 if self.is_ordered() {
                     // Its aggregate waits; the partition's others go on.
-                    let outcome = match A::park(self, &event, &failure, lane).await {
+                    let outcome = match self.bounded(A::park(self, &event, &failure, lane)).await {
                         Ok(outcome) => outcome,
                         Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
                         // Not parked, not acked: the lane reconnects and
@@ -108,6 +108,28 @@ impl<A: Apply> Consumer<A> {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// `apply`, given up after the consumer's `apply_bound`: dropped, it
+    /// rolls back, and its connection, unless it answers within the pool's
+    /// release bound, is closed (`db::pool_options`). The try it cost is
+    /// counted like any other failure's: a handler slower than the bound
+    /// every time is parked or dead-lettered, not retried forever.
+    pub(super) async fn bounded<T>(
+        &self,
+        apply: impl Future<Output = Result<T, ApplyError>>,
+    ) -> Result<T, ApplyError> {
+        let bound = self.config.apply_bound;
+        tokio::time::timeout(bound, apply)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApplyError::Handler(HandlerError::Transient(
+                    format!(
+                        "no answer from the database within {bound:?}; its connection is dropped"
+                    )
+                    .into(),
+                )))
+            })
     }
 
     pub(super) async fn dead_letter(

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 
 use crate::admission::AdmissionLimits;
 use crate::auth::{AuthSettings, JwtKeys};
@@ -298,7 +298,7 @@ impl Databases {
             Ok(options.application_name(application))
         };
         let pool = |opts: PgConnectOptions, max| {
-            PgPoolOptions::new()
+            db::pool_options()
                 .max_connections(max)
                 .acquire_timeout(Duration::from_secs(5))
                 .connect_lazy_with(opts)

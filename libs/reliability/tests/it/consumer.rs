@@ -17,6 +17,7 @@ use crate::support::{
 };
 
 mod failures;
+mod lost_link;
 mod redrive;
 
 async fn setup() -> (TestDb, Broker, ConsumerConfig) {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use reliability::{Result, db};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 
 use super::Key;
 
@@ -37,7 +37,7 @@ impl Sources {
             let options = db::options_for_role(&base, db::OWNER_ROLE);
             named.insert(
                 name.to_owned(),
-                PgPoolOptions::new()
+                db::pool_options()
                     .max_connections(2)
                     .connect_lazy_with(options),
             );

@@ -40,7 +40,7 @@ impl Estate {
         let mut databases = Vec::new();
         for service in &self.services {
             let options = target::service_options(service)?;
-            let pool = sqlx::postgres::PgPoolOptions::new()
+            let pool = reliability::db::pool_options()
                 .max_connections(1)
                 .acquire_timeout(Duration::from_secs(3))
                 .connect_lazy_with(options);
