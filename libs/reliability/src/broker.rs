@@ -13,6 +13,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use crate::{Error, Result};
 
 mod dead_letters;
+pub(crate) use dead_letters::returns;
 mod publish;
 mod topology;
 

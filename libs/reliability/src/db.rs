@@ -246,7 +246,10 @@ pub fn pool_options() -> PgPoolOptions {
                 Ok(Ok(())) => Ok(true),
                 Ok(Err(e)) => Err(e),
                 // An error closes it without a goodbye, which could wait too.
-                Err(_) => Err(sqlx::Error::PoolTimedOut),
+                Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("given back unfinished, no answer within {RELEASE_BOUND:?}: closed"),
+                ))),
             }
         })
     })

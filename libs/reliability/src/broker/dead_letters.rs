@@ -87,7 +87,7 @@ const WORN: i64 = 10;
 
 /// The times the broker says this message was handed back
 /// (`x-delivery-count`; absent before the first return).
-fn returns(props: &lapin::BasicProperties) -> i64 {
+pub(crate) fn returns(props: &lapin::BasicProperties) -> i64 {
     let count = props
         .headers()
         .as_ref()

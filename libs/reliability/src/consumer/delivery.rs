@@ -188,10 +188,11 @@ impl<A: Apply> Consumer<A> {
                 let _ =
                     broker::bounded(channel.basic_ack(u64::MAX, BasicAckOptions::default())).await;
             }
-            let carry_on = if group.len() == 1 {
-                self.process(group.remove(0), shutdown, lane).await?
-            } else {
+            // A worn delivery is parked on its own, untried (settle.rs).
+            let carry_on = if group.len() > 1 && !group.iter().any(|d| self.worn(d).is_some()) {
                 self.process_group(group, shutdown, lane).await?
+            } else {
+                self.process_each(group, shutdown, lane).await?
             };
             if !carry_on {
                 return Ok(());
@@ -212,6 +213,21 @@ impl<A: Apply> Consumer<A> {
             Some(event) => self.settle_traced(delivery, event, shutdown, lane).await,
             None => Ok(true),
         }
+    }
+
+    /// [`Self::process`] for each of `group` in turn, until one says stop.
+    async fn process_each(
+        &self,
+        group: Vec<Delivery>,
+        shutdown: &CancellationToken,
+        lane: Lane,
+    ) -> Result<bool> {
+        for delivery in group {
+            if !self.process(delivery, shutdown, lane).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The envelope, or None once a malformed delivery is dead-lettered.

@@ -44,8 +44,15 @@ impl<A: Apply> Consumer<A> {
     ) -> Result<bool> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
+        let mut worn = self.worn(&delivery);
         loop {
-            let failure = match self.bounded(A::one(self, &event, lane)).await {
+            let applied = match worn.take() {
+                // Parked before it is tried again, not applied: it is not
+                // given the chance to take its consumer down once more.
+                Some(failure) => Err(ApplyError::Handler(failure)),
+                None => self.bounded(A::one(self, &event, lane)).await,
+            };
+            let failure = match applied {
                 Ok(outcome) => {
                     self.config
                         .fail_points
@@ -59,6 +66,7 @@ impl<A: Apply> Consumer<A> {
             };
             let wait = match &failure {
                 e if e.is_permanent() => None,
+                _ if self.worn(&delivery).is_some() => None,
                 HandlerError::Unavailable(_) => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)
@@ -110,6 +118,29 @@ impl<A: Apply> Consumer<A> {
         }
     }
 
+    /// For a delivery of an ordered subscription handed back by the broker
+    /// [`worn_after`] times or more (its consumer crashed, froze past the
+    /// broker's timeout or lost its channel each time it held it): the
+    /// failure it parks with. Parked on the count, before the queue's
+    /// delivery limit would dead-letter it, because a dead letter on an
+    /// ordered partition is a gap that the aggregate's later events would
+    /// be applied over (docs/adr/0028, amended in session 27).
+    pub(super) fn worn(&self, delivery: &Delivery) -> Option<HandlerError> {
+        let spec = &self.config.queue;
+        let returns = broker::returns(&delivery.properties);
+        (spec.is_ordered() && returns >= worn_after(spec.delivery_limit)).then(|| {
+            HandlerError::Transient(
+                format!(
+                    "handed back {returns} times unsettled (its consumer crashed, froze or lost its \
+                     channel each time): parked before the queue's delivery limit ({}) would \
+                     dead-letter it",
+                    spec.delivery_limit
+                )
+                .into(),
+            )
+        })
+    }
+
     /// `apply`, given up after the consumer's `apply_bound`: dropped, it
     /// rolls back, and its connection, unless it answers within the pool's
     /// release bound, is closed (`db::pool_options`). The try it cost is
@@ -143,4 +174,13 @@ impl<A: Apply> Consumer<A> {
             .increment(1);
         Ok(())
     }
+}
+
+/// The returns after which an ordered subscription's delivery is parked
+/// rather than tried: half the queue's delivery limit. The other half is
+/// the margin for a park that cannot commit (the database away too while
+/// the lane dies again); a park that fails waits in place at no cost, so
+/// only a lane that dies again returns it.
+pub(super) fn worn_after(delivery_limit: u32) -> i64 {
+    i64::from(delivery_limit / 2).max(1)
 }

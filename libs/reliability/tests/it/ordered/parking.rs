@@ -394,3 +394,94 @@ async fn a_temporary_table_cannot_stand_in_for_a_definer_functions_table() {
     conn.detach();
     db.cleanup().await;
 }
+
+/// An event that takes its consumer down every time it is tried (a crash,
+/// a freeze past the broker's timeout) is handed back each time. On an
+/// ordered partition the broker's delivery limit would dead-letter it, and
+/// the aggregate's later events would be applied over the gap. The lane
+/// parks it instead, untried, once handed back half the limit's times;
+/// the DLQ stays empty, and an unpark replays it in order.
+#[tokio::test]
+async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_of_a_dead_letter() {
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let broker = Broker::new().await;
+    let spec = spec(&broker, 1);
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    let stop = CancellationToken::new();
+    let relay = spawn_relay(&db, &broker, &spec, &stop);
+    let mut cfg = consumer_config(&spec);
+    // One lane: a simulated crash stops the lanes one after the other, and
+    // a second lane would take the event back between the two.
+    cfg.lanes = 1;
+    let name = cfg.name.clone();
+    let (partition, dlq) = (
+        spec.partition_queue(0),
+        broker::dead_letter_queue(&spec.queue),
+    );
+    write_one(&db, 1, "A").await;
+    let parked = || async { consumer::parked(&db.owner, Some(&name)).await.unwrap() };
+    let mut crashes = 0;
+    let consumer = loop {
+        wait_until(
+            LONG,
+            "A's event waiting, parked or dead-lettered",
+            || async {
+                broker.depth(&partition).await + broker.depth(&dlq).await == 1
+                    || !parked().await.is_empty()
+            },
+        )
+        .await;
+        assert_eq!(broker.depth(&dlq).await, 0, "dead-lettered: a gap");
+        // Crashes before its commit, as a handler that kills its process.
+        cfg.fail_points
+            .arm(failpoint::CONSUMER_BEFORE_COMMIT, Action::Error);
+        let (consumer, task) = run_consumer(&db, cfg.clone(), Recording::default(), &stop);
+        wait_until(LONG, "the consumer crashed or parked A", || async {
+            task.is_finished() || !parked().await.is_empty()
+        })
+        .await;
+        if !task.is_finished() {
+            break (consumer, task);
+        }
+        assert!(task.await.unwrap().is_err(), "a crash");
+        crashes += 1;
+        assert!(
+            crashes <= spec.delivery_limit + 1,
+            "still tried after {crashes} crashes"
+        );
+    };
+    assert_eq!(crashes, spec.delivery_limit / 2, "parked at half the limit");
+    let a = &parked().await[0];
+    assert_eq!((a.aggregate_id.as_str(), a.waiting), ("A", 1));
+    assert!(a.error.contains("handed back"), "{}", a.error);
+    assert_eq!(broker.depth(&dlq).await, 0);
+    assert!(applied(&db).await.is_empty(), "never tried once worn");
+
+    // A's next event waits behind it; fixed, unparked: both, in order.
+    write_one(&db, 1, "A").await;
+    wait_until(LONG, "A's second event parked behind", || async {
+        parked().await.first().is_some_and(|a| a.waiting == 2)
+    })
+    .await;
+    cfg.fail_points.fire(failpoint::CONSUMER_BEFORE_COMMIT);
+    assert!(
+        consumer::unpark(&db.owner, &name, 1, "test", "A")
+            .await
+            .unwrap()
+    );
+    wait_until(LONG, "A replayed", || async { parked().await.is_empty() }).await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT message_id FROM test_applied WHERE aggregate_id = 'A' ORDER BY n",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(ids, written(&db).await[&(1, "A".to_owned())]);
+    stop.cancel();
+    relay.await.unwrap().unwrap();
+    consumer.1.await.unwrap().unwrap();
+    drop(consumer.0);
+    broker.cleanup_ordered(&spec).await;
+    db.cleanup().await;
+}
