@@ -49,9 +49,10 @@ test-clean: ## drop test databases and queues left by interrupted test runs
 	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- queue delete --yes $$queues; fi; \
 	fi
 
-lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources), the ADR index up to date, every path the docs name exists
+lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources), the ADR index up to date, every path the docs name exists, no source file outside tests/ over 400 lines
 	python3 scripts/adr_index.py --check
 	python3 scripts/check_paths.py
+	python3 scripts/check_sizes.py
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 	@command -v cargo-deny >/dev/null || { echo "cargo-deny is missing: cargo install cargo-deny --locked" >&2; exit 1; }

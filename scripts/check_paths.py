@@ -27,7 +27,7 @@ DOCS += sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/README.md
 # Made by the tools, not kept in the tree.
 GENERATED = {"compose/.env", "services/shipping", "migrations/shipping"}
 FILES = subprocess.run(
-    ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
 ).stdout.split()
 FILE_NAME = re.compile(r"^[\w./-]+\.(rs|sql|sh|py|toml|md|yml|yaml|json)$")
 

@@ -4,6 +4,7 @@
 //! on the real broker.
 
 pub mod check;
+pub mod client;
 pub mod cluster;
 pub mod hosts;
 pub mod pooler;

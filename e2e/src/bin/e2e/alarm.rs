@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use e2e::world::World;
 
-use crate::{Outcome, Run, attempts_spent, quiesce};
+use crate::run::{Outcome, Run, attempts_spent, quiesce};
 
 /// How long the alarm holds: nine of the relays' 10 s confirm timeouts.
 /// The defect it guards against left a blocked connection behind at each

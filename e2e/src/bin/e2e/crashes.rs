@@ -8,7 +8,7 @@ use e2e::check::Dbs;
 use e2e::cluster::Client;
 use reliability::testing::wait_until;
 
-use crate::{Outcome, Run, Scenario, orders_of, quiesce};
+use crate::run::{Outcome, Run, Scenario, orders_of, quiesce};
 
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {

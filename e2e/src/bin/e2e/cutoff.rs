@@ -11,7 +11,7 @@ use e2e::hosts::{Host, Link};
 use e2e::world::World;
 use reliability::testing::wait_until;
 
-use crate::{Outcome, Run, SKIPPED, Scenario, orders_of, quiesce};
+use crate::run::{Outcome, Run, SKIPPED, Scenario, orders_of, quiesce};
 
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {
@@ -80,7 +80,7 @@ async fn cut_off(run: &mut Run, tenant: i64, link: Link) -> Outcome {
             ON_HOST,
             host.exec_prefix(),
             env,
-            crate::bin("inventory"),
+            crate::run::bin("inventory"),
             &["consume"],
         );
     }

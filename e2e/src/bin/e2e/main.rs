@@ -14,45 +14,14 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e::check::{Dbs, Ledger, Verdict};
-use e2e::cluster::{self, CONSUMERS, Client, Layout, SECRET};
-use e2e::procs::Cluster;
+use e2e::cluster::{self, Client};
 use e2e::untouched::Untouched;
 use e2e::world::World;
 use futures_util::FutureExt;
 use reliability::testing::amqp_url;
-use serde_json::Value;
 
-const PREFIX: &str = "e2e.";
-const QUIET: Duration = Duration::from_secs(120);
-/// The provider simulator of the run.
-const SIM: &str = "http://127.0.0.1:9099";
-
-struct Run {
-    world: &'static World,
-    cluster: Cluster,
-    dbs: Dbs,
-    client: Client,
-    /// Poison the scenarios injected on purpose: expected DLQ depth per
-    /// consumer DLQ, and rows expected in the outbox DLQ tables.
-    poison: HashMap<String, u32>,
-    outbox_poison: i64,
-    /// The processes of the stack proper (not the extra relays).
-    base: Vec<String>,
-}
-
-struct Row {
-    name: &'static str,
-    faults: String,
-    verdict: Verdict,
-    secs: f64,
-    /// Why the scenario could not run here: never a PASS.
-    skipped: Option<String>,
-}
-
-/// How a scenario that cannot run here starts what it returns, e.g.
-/// `skipped: no network namespaces`: a SKIP row, never a PASS.
-const SKIPPED: &str = "skipped: ";
+use report::{Row, report, untouched_row, verified_row};
+use run::{LAYOUT, Run, SKIPPED, Scenario, bin, settle};
 
 mod alarm;
 mod crashes;
@@ -63,18 +32,14 @@ mod money;
 mod ordered;
 mod partial;
 mod pooled;
+mod report;
+mod run;
 mod scale;
 mod servers;
 
 /// How long one scenario may run before it counts as stuck: the longest
 /// fault held is the 5-minute memory alarm, and its drain.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(420);
-
-type Outcome = anyhow::Result<(String, Vec<String>)>;
-type Scenario = (
-    &'static str,
-    fn(&mut Run, i64) -> futures_util::future::BoxFuture<'_, Outcome>,
-);
 
 fn scenarios() -> Vec<Scenario> {
     [
@@ -301,118 +266,6 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The views the whole run derived, against their sources (ADR 0035).
-async fn verified_row(dbs: &Dbs) -> Row {
-    let t0 = Instant::now();
-    let violations = dbs
-        .views_verified()
-        .await
-        .unwrap_or_else(|e| vec![format!("verify: {e:#}")]);
-    Row {
-        name: "derived views equal their sources (projection verify)",
-        faults: "every order view and ordered history of the run, once quiet".into(),
-        verdict: Verdict {
-            violations,
-            ..Verdict::default()
-        },
-        secs: t0.elapsed().as_secs_f64(),
-        skipped: None,
-    }
-}
-
-/// The last row: the developer's PostgreSQL and RabbitMQ as the run found them.
-async fn untouched_row(watch: Untouched) -> Row {
-    let t0 = Instant::now();
-    let unwatched = watch.unwatched.clone();
-    let changed = watch.verify().await;
-    let verdict = Verdict {
-        violations: changed,
-        ..Verdict::default()
-    };
-    Row {
-        name: "the developer's PostgreSQL and RabbitMQ left untouched",
-        faults:
-            "a connection to each held for the whole run; start time and file settings compared"
-                .into(),
-        verdict,
-        secs: t0.elapsed().as_secs_f64(),
-        skipped: (!unwatched.is_empty())
-            .then(|| format!("not running here: {}", unwatched.join("; "))),
-    }
-}
-
-/// Prints the table; says whether any row failed, and whether any was skipped.
-fn report(rows: &[Row], total: f64) -> (bool, bool) {
-    println!();
-    println!(
-        "{:<62} {:>6} {:>5} {:>5} {:>6} {:>5} {:>4} {:>4} {:>5}  verdict",
-        "scenario", "orders", "conf", "canc", "events", "dups", "lost", "dlq", "secs"
-    );
-    let mut failed = false;
-    for r in rows {
-        let lost = r
-            .verdict
-            .violations
-            .iter()
-            .filter(|v| v.starts_with("I1"))
-            .count();
-        let ok = r.verdict.violations.is_empty();
-        failed |= !ok;
-        let verdict = match (&r.skipped, ok) {
-            (_, false) => "FAIL",
-            (Some(_), true) => "SKIP",
-            (None, true) => "PASS",
-        };
-        println!(
-            "{:<62} {:>6} {:>5} {:>5} {:>6} {:>5} {:>4} {:>4} {:>5.1}  {}",
-            r.name,
-            r.verdict.orders,
-            r.verdict.confirmed,
-            r.verdict.cancelled,
-            r.verdict.events,
-            r.verdict.duplicates,
-            lost,
-            r.verdict.dead_letters,
-            r.secs,
-            verdict
-        );
-        println!("    faults: {}", r.faults);
-    }
-    for r in rows.iter().filter(|r| !r.verdict.violations.is_empty()) {
-        println!("\n{} violated:", r.name);
-        for v in &r.verdict.violations {
-            println!("  {v}");
-        }
-    }
-    let passed = rows
-        .iter()
-        .filter(|r| r.verdict.violations.is_empty() && r.skipped.is_none())
-        .count();
-    let skipped = rows
-        .iter()
-        .filter(|r| r.verdict.violations.is_empty() && r.skipped.is_some())
-        .count();
-    println!(
-        "\ncolumns: dups = duplicate deliveries absorbed (I2), lost = committed events never applied (I1), dlq = messages in DLQs (only injected poison allowed)"
-    );
-    println!(
-        "e2e: {passed} passed, {} failed, {skipped} skipped in {total:.0}s",
-        rows.len() - passed - skipped
-    );
-    (failed, skipped > 0)
-}
-
-/// The stack's layout: ports 9081-9084 and 9099, databases `e2e_*`.
-const LAYOUT: Layout = Layout {
-    name: "e2e",
-    port_base: 9080,
-    profile: "debug",
-};
-
-fn bin(name: &str) -> PathBuf {
-    LAYOUT.bin(name)
-}
-
 async fn setup(world: &'static World) -> anyhow::Result<Run> {
     // Backoff in steps of 200 ms (not 30 s): an unroutable event reaches
     // the DLQ table after 10 attempts in about 10 s.
@@ -449,144 +302,4 @@ async fn setup(world: &'static World) -> anyhow::Result<Run> {
         outbox_poison: 0,
         base,
     })
-}
-
-/// Waits (at most `QUIET`) until the system is quiet and the tenant's
-/// invariants hold, then returns the checker's verdict, violations and all:
-/// a lost event shows as one still missing at the deadline.
-async fn settle(run: &Run, tenant: i64) -> anyhow::Result<Verdict> {
-    let deadline = Instant::now() + QUIET;
-    loop {
-        // A database or broker still coming back is "not yet", not a verdict.
-        let attempt = async {
-            let quiet = run.dbs.quiet(tenant).await?;
-            let mut verdict = run.dbs.check(tenant, &ledger(run).await?).await?;
-            dead_letters(run, &mut verdict).await?;
-            anyhow::Ok((quiet, verdict))
-        };
-        match attempt.await {
-            Ok((quiet, verdict)) => {
-                if (quiet && verdict.violations.is_empty()) || Instant::now() >= deadline {
-                    if !quiet {
-                        println!("   not quiet after {QUIET:?}");
-                    }
-                    return Ok(verdict);
-                }
-            }
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => {}
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Every DLQ holds exactly the poison injected on purpose, nothing else.
-async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Result<()> {
-    let conn = reliability::broker::connect(&amqp_url(), "e2e-checker").await?;
-    let channel = reliability::broker::bounded(conn.create_channel()).await?;
-    for c in CONSUMERS {
-        let dlq = reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}"));
-        let depth =
-            reliability::broker::bounded(reliability::broker::queue_depth(&channel, &dlq)).await?;
-        let expected = run.poison.get(&dlq).copied().unwrap_or(0);
-        verdict.dead_letters += depth;
-        if depth != expected {
-            verdict.violations.push(format!(
-                "DLQ: {dlq} holds {depth} messages, {expected} injected"
-            ));
-        }
-    }
-    let _ = reliability::broker::bounded(conn.close(200, "checked".into())).await;
-    let mut rows = 0;
-    for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
-            .fetch_one(pool)
-            .await?;
-        rows += n;
-    }
-    verdict.dead_letters += u32::try_from(rows).unwrap_or(u32::MAX);
-    if rows != run.outbox_poison {
-        verdict.violations.push(format!(
-            "DLQ: the outbox DLQ tables hold {rows} rows, {} injected",
-            run.outbox_poison
-        ));
-    }
-    Ok(())
-}
-
-/// The tenant's outbox rows relayed and its orders decided (between the
-/// steps of a scenario). Never fails: if it does not get quiet, the checker
-/// says why.
-async fn quiesce(run: &Run, tenant: i64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + QUIET;
-    while !run.dbs.quiet(tenant).await.unwrap_or(false) {
-        if Instant::now() >= deadline {
-            println!("   not quiet after {QUIET:?}");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
-/// The provider's money per charge key, as it reports it.
-async fn ledger(run: &Run) -> anyhow::Result<Ledger> {
-    let all: Vec<psp_sim::KeyMoney> = run
-        .client
-        .http
-        .get(format!("{SIM}/control/ledger"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    Ok(all.into_iter().map(|m| (m.key.clone(), m)).collect())
-}
-
-/// Sets the simulator's faults for the next calls (`{}`: none).
-async fn sim_faults(run: &Run, faults: Value) -> anyhow::Result<()> {
-    run.client
-        .http
-        .post(format!("{SIM}/control/faults"))
-        .json(&faults)
-        .send()
-        .await?
-        .error_for_status()?;
-    Ok(())
-}
-
-async fn orders_of(dbs: &Dbs, tenant: i64) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM orders WHERE tenant_id = $1")
-        .bind(tenant)
-        .fetch_one(&dbs.orders)
-        .await
-        .unwrap_or(0)
-}
-
-/// Outbox rows of the tenant charged an attempt: none may be, for an
-/// outage of the broker.
-pub(crate) async fn attempts_spent(
-    run: &Run,
-    tenant: i64,
-    why: &str,
-) -> anyhow::Result<Vec<String>> {
-    let mut violations = Vec::new();
-    for (svc, pool) in [
-        ("orders", &run.dbs.orders),
-        ("inventory", &run.dbs.inventory),
-        ("payments", &run.dbs.payments),
-    ] {
-        let attempts: i64 = sqlx::query_scalar(
-            "SELECT coalesce(max(attempts), 0)::bigint FROM outbox_messages WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .fetch_one(pool)
-        .await?;
-        if attempts > 0 {
-            violations.push(format!(
-                "relay: {why} cost {svc}'s outbox rows {attempts} attempt(s)"
-            ));
-        }
-    }
-    Ok(violations)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reliability::testing::wait_until;
 use serde_json::json;
 
-use crate::{Outcome, Run, Scenario, quiesce, sim_faults};
+use crate::run::{Outcome, Run, Scenario, quiesce, sim_faults};
 
 const PAYMENTS: &str = "payments-consumer";
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use e2e::world::World;
 use reliability::testing::wait_until;
 
-use crate::{Outcome, Run, Scenario, attempts_spent, orders_of, quiesce};
+use crate::run::{Outcome, Run, Scenario, attempts_spent, orders_of, quiesce};
 
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {
@@ -67,7 +67,7 @@ async fn leader_of(world: &'static World, queue: &str) -> anyhow::Result<usize> 
 async fn leader_killed(run: &mut Run, tenant: i64) -> Outcome {
     run.client.stock(tenant, &sku(tenant), 100_000).await?;
     let (client, dbs, world) = (&run.client, &run.dbs, run.world);
-    let queue = format!("{}inventory.stock", crate::PREFIX);
+    let queue = format!("{}inventory.stock", crate::run::PREFIX);
     let done = AtomicBool::new(false);
     let (placed, killed) = tokio::join!(client.orders_until(tenant, 10, &done), async {
         let fault = async {

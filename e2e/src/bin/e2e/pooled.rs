@@ -4,7 +4,8 @@
 
 use e2e::pooler::{Pooler, SERVER_POOL};
 
-use crate::{LAYOUT, Row};
+use crate::report::Row;
+use crate::run::LAYOUT;
 use e2e::check::Verdict;
 
 /// Read before the stack stops, while its clients are still connected.

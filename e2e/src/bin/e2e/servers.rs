@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use reliability::testing::wait_until;
 
-use crate::{Outcome, Run, Scenario, alarm, orders_of};
+use crate::alarm;
+use crate::run::{Outcome, Run, Scenario, orders_of};
 
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {

@@ -5,8 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use super::{Expect, ORDERS, b64, forged, order_body, post, send};
-use crate::{Outcome, Run, SECRET, orders_of};
+use super::rls::{b64, forged};
+use super::{Expect, ORDERS, order_body, post, send};
+use crate::run::{Outcome, Run, orders_of};
+use e2e::cluster::SECRET;
 
 pub async fn bad_input(run: &mut Run, tenant: i64) -> Outcome {
     run.client
