@@ -1,7 +1,9 @@
-//! Per-tenant admission of writes: a token bucket (GCRA) per tenant in each
-//! serving process. Over the limit a request is answered 429 with
-//! `Retry-After` before it claims its Idempotency-Key or touches the
-//! database, so nothing runs and the key stays free for the retry.
+//! Per-tenant admission: a token bucket (GCRA) per tenant in each serving
+//! process, one for writes and one for reads. Over the write limit a
+//! request is answered 429 with `Retry-After` before it claims its
+//! Idempotency-Key or touches the database, so nothing runs and the key
+//! stays free for the retry. Over the read limit a read (`GET`, `HEAD`)
+//! is answered the same before its handler runs ([`read_budget`]).
 //!
 //! The buckets are per process: with N `serve` replicas a tenant gets up to
 //! N times the limit. That is the trade docs/adr/0015 makes: no shared
@@ -11,7 +13,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
 use crate::TenantId;
+use crate::auth::JwtKeys;
+use crate::http::ApiError;
 
 /// Sustained writes per second and burst per tenant; `per_sec == 0` turns
 /// the limit off.
@@ -20,6 +29,14 @@ pub struct RateLimit {
     pub per_sec: u32,
     pub burst: u32,
 }
+
+/// The read budget's default, per tenant and serving process: reads are
+/// cheaper than writes and come in bursts (a page and its parts), so
+/// twice the writes' 1000/s and 2000.
+pub const READ_RATE_LIMIT: RateLimit = RateLimit {
+    per_sec: 2000,
+    burst: 4000,
+};
 
 /// Buckets stop being tracked this long after they are full again.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -44,6 +61,10 @@ impl RateLimiter {
             per_sec: 0,
             burst: 0,
         })
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.limit.per_sec == 0
     }
 
     /// Admits one request of `tenant`, or says how long until one would be.
@@ -72,6 +93,60 @@ impl RateLimiter {
         tat.insert(tenant, next + interval);
         Ok(())
     }
+}
+
+/// The answer over a limit, counted under `scope` (a write's route scope,
+/// or `read`).
+pub fn rate_limited(scope: &str, wait: Duration) -> ApiError {
+    metrics::counter!(crate::metrics::HTTP_RATE_LIMITED, "scope" => scope.to_owned()).increment(1);
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        "too many requests for this tenant; retry later",
+    )
+    .with_retry_after(u32::try_from(wait.as_secs() + 1).unwrap_or(u32::MAX))
+}
+
+/// What [`read_budget`] needs: the keys that name a request's tenant, and
+/// the tenants' read buckets.
+#[derive(Debug, Clone)]
+pub struct ReadBudget {
+    pub keys: JwtKeys,
+    pub limiter: RateLimiter,
+}
+
+/// The read budget, a layer on every route: a read (`GET`, `HEAD`) whose
+/// token names a tenant is counted in that tenant's read bucket, and over
+/// it answered 429 before its handler runs. The tenant it verified is left
+/// for the handler's [`TenantId`] extractor, so a token is verified once.
+/// A request without a valid token passes: its route refuses it, or needs
+/// none. Writes are counted by their own bucket, where their key is
+/// claimed (`Idempotent`), not here.
+pub async fn read_budget(
+    State(budget): State<ReadBudget>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if !req.method().is_safe() || budget.limiter.is_off() {
+        return next.run(req).await;
+    }
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    let Some(token) = token else {
+        return next.run(req).await;
+    };
+    let Ok(tenant) = budget.keys.verify(&token).await else {
+        return next.run(req).await;
+    };
+    if let Err(wait) = budget.limiter.check(tenant) {
+        return rate_limited("read", wait).into_response();
+    }
+    req.extensions_mut().insert(tenant);
+    next.run(req).await
 }
 
 #[cfg(test)]

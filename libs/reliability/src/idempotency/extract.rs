@@ -133,14 +133,7 @@ where
 
         let config = IdempotencyConfig::from_ref(state);
         if let Err(wait) = config.rate_limit.check(tenant) {
-            metrics::counter!(crate::metrics::HTTP_RATE_LIMITED, "scope" => scope).increment(1);
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                "too many requests for this tenant; retry later",
-            )
-            .with_retry_after(u32::try_from(wait.as_secs() + 1).unwrap_or(u32::MAX))
-            .into_response());
+            return Err(crate::rate_limit::rate_limited(&scope, wait).into_response());
         }
         if let Some(backlog) = backlog
             && let Err(secs) = backlog.admit(tenant).await

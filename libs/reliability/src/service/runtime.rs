@@ -217,6 +217,10 @@ pub async fn launch(
     if let Some(jwt) = jwt {
         let listener = bind(common, spec.port).await?;
         port = local_port(&listener)?;
+        let reads = crate::rate_limit::ReadBudget {
+            keys: jwt.clone(),
+            limiter: crate::rate_limit::RateLimiter::new(common.read_rate_limit()),
+        };
         let state = ApiState::new(dbs.app.clone(), jwt)
             .with_rate_limit(common.rate_limit())
             .with_admission(common.admission()?)
@@ -224,10 +228,15 @@ pub async fn launch(
         let (routes, mut api) = (spec.routes)(state).split_for_parts();
         document(&mut api, spec.name);
         let api = std::sync::Arc::new(api);
-        let routes = routes.route(
-            "/openapi.json",
-            get(move || std::future::ready(axum::Json(api.as_ref().clone()))),
-        );
+        let routes = routes
+            .layer(axum::middleware::from_fn_with_state(
+                reads,
+                crate::rate_limit::read_budget,
+            ))
+            .route(
+                "/openapi.json",
+                get(move || std::future::ready(axum::Json(api.as_ref().clone()))),
+            );
         let app = http_app(spec.name, routes, ready.clone());
         tasks.spawn(
             "http",

@@ -12,7 +12,7 @@ use crate::auth::{AuthSettings, JwtKeys};
 use crate::broker::{QueueSpec, Subscription};
 use crate::consumer::ConsumerConfig;
 use crate::failpoint::FailPoints;
-use crate::rate_limit::RateLimit;
+use crate::rate_limit::{READ_RATE_LIMIT, RateLimit};
 use crate::{Error, Result, db};
 
 use super::ServerLimits;
@@ -118,6 +118,14 @@ pub struct CommonSettings {
     /// Writes a tenant may make at once above the sustained rate.
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
     pub rate_limit_burst: u32,
+    /// Reads (GET, HEAD) per second each tenant may make to this process,
+    /// sustained: a budget of their own, apart from writes'; over it: 429
+    /// with `Retry-After`, before the handler runs. 0: no limit.
+    #[arg(long, env = "READ_RATE_LIMIT_PER_SEC", default_value_t = READ_RATE_LIMIT.per_sec)]
+    pub read_rate_limit_per_sec: u32,
+    /// Reads a tenant may make at once above the sustained rate.
+    #[arg(long, env = "READ_RATE_LIMIT_BURST", default_value_t = READ_RATE_LIMIT.burst)]
+    pub read_rate_limit_burst: u32,
     /// Seconds a client has to send a request's headers; an idle
     /// keep-alive connection is closed after as long.
     #[arg(long, env = "HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
@@ -172,6 +180,8 @@ impl CommonSettings {
             ops_port: None,
             rate_limit_per_sec: 1000,
             rate_limit_burst: 2000,
+            read_rate_limit_per_sec: READ_RATE_LIMIT.per_sec,
+            read_rate_limit_burst: READ_RATE_LIMIT.burst,
             admission_max_in_flight: 1000,
             admission_tenant_max_in_flight: String::new(),
             admission_refresh_ms: 500,
@@ -202,6 +212,13 @@ impl CommonSettings {
         RateLimit {
             per_sec: self.rate_limit_per_sec,
             burst: self.rate_limit_burst,
+        }
+    }
+
+    pub fn read_rate_limit(&self) -> RateLimit {
+        RateLimit {
+            per_sec: self.read_rate_limit_per_sec,
+            burst: self.read_rate_limit_burst,
         }
     }
 

@@ -103,3 +103,48 @@ async fn a_tenant_at_its_bound_is_refused_before_its_key_is_claimed_and_others_a
     assert!(metrics.contains("admission_refused_total"), "{metrics}");
     app.stop().await;
 }
+
+/// Reads have a per-tenant budget of their own (issue 43): over it, a read
+/// is answered 429 with `Retry-After` and `rate_limited` before its
+/// handler runs; another tenant's reads and the same tenant's writes are
+/// served, and the read passes again once the bucket refills. Before the
+/// budget, reads had no limit at all.
+#[tokio::test]
+async fn reads_have_a_per_tenant_budget_of_their_own() {
+    let app = TestApp::spawn_with(|c| {
+        c.read_rate_limit_per_sec = 1;
+        c.read_rate_limit_burst = 3;
+    })
+    .await;
+    let (status, _, order): Answer = app.place(1, "k0", ORDER).await;
+    assert_eq!(status, 201, "{order}");
+    let path = format!("/orders/{}", order["order_id"]);
+    for _ in 0..3 {
+        assert_eq!(app.api.get(1, &path).await.0, 200);
+    }
+    let over = app
+        .api
+        .http
+        .get(format!("{}{path}", app.api.url))
+        .bearer_auth(app.api.token(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over.status().as_u16(), 429);
+    assert!(over.headers().contains_key("retry-after"));
+    let body: serde_json::Value = over.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert_ne!(
+        app.api.get(2, &path).await.0,
+        429,
+        "another tenant's bucket"
+    );
+    let (status, _, _): Answer = app.place(1, "k1", ORDER).await;
+    assert_eq!(status, 201, "writes have a budget of their own");
+    reliability::testing::wait_until(
+        std::time::Duration::from_secs(5),
+        "the bucket refilled",
+        || async { app.api.get(1, &path).await.0 == 200 },
+    )
+    .await;
+}
