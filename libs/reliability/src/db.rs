@@ -271,6 +271,39 @@ pub fn is_out_of_range(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("22003"))
 }
 
+/// Why `pool` gets no connection, in an operator's words. The pool's own
+/// error says only that it waited (`PoolTimedOut`), so a connection of
+/// our own, outside the pool, asks the server, whose refusal names the
+/// cause: no connection slots left (53300, the server's or the database's
+/// or the role's limit), starting or in recovery, our credentials refused.
+pub async fn why_no_connection(pool: &PgPool) -> String {
+    use sqlx::Connection;
+    let options = pool.connect_options();
+    let bound = Duration::from_secs(2);
+    match tokio::time::timeout(bound, sqlx::PgConnection::connect_with(&options)).await {
+        Err(_) => format!("the server does not answer a new connection within {bound:?}"),
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            format!(
+                "the server takes new connections, but this process's pool has none free ({} of {} open)",
+                pool.size(),
+                pool.options().get_max_connections()
+            )
+        }
+        Ok(Err(sqlx::Error::Database(e))) => {
+            let code = e.code().unwrap_or_default();
+            let cause = match &*code {
+                "53300" => "the server has no connection slots left",
+                c if c.starts_with("57P") => "the server is shutting down, starting or in recovery",
+                c if c.starts_with("28") => "the server refused our credentials",
+                _ => "the server refused a new connection",
+            };
+            format!("{cause} ({code}: {})", e.message())
+        }
+        Ok(Err(e)) => format!("cannot connect to the server: {e}"),
+    }
+}
+
 /// The database is unreachable, restarting or out of resources: a
 /// dependency down, not the fault of the request or the message. HTTP
 /// answers 503 with `Retry-After`; a consumer waits and retries.

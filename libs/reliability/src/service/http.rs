@@ -231,10 +231,13 @@ async fn readiness(State(r): State<Readiness>) -> (StatusCode, serde_json::Value
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        serde_json::json!({"database": db_ok, "broker": broker_ok, "parts": parts}),
-    )
+    let mut detail = serde_json::json!({"database": db_ok, "broker": broker_ok, "parts": parts});
+    if !db_ok {
+        let why = crate::db::why_no_connection(&r.pool).await;
+        tracing::warn!(cause = %why, "not ready: no database connection");
+        detail["database_cause"] = why.into();
+    }
+    (status, detail)
 }
 
 /// A TCP connect to the broker's host and port: cheap enough for every probe.

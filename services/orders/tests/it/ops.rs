@@ -232,3 +232,64 @@ fn help_never_prints_a_secret_the_environment_holds() {
     assert!(help.contains("JWT_SECRET"), "names the variable:\n{help}");
     assert!(!help.contains(secret), "printed a secret:\n{help}");
 }
+
+/// A server with no connection slots left (53300: here the database's
+/// own limit, reached as the server's would be by a scale-out) makes the
+/// process not ready, and `/readyz` says so in the server's words. Before,
+/// every process said only that its pool timed out.
+#[tokio::test]
+async fn a_server_with_no_connection_slots_left_is_named_by_readyz() {
+    let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
+    let common = common();
+    let stop = ShutdownToken::new();
+    let app = service::start(
+        &SERVICE,
+        settings(Role::Relay, common.clone()),
+        db.databases(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let port = app.ops_port();
+    tokio::spawn(app.run_until_stopped());
+    wait_until(Duration::from_secs(20), "ready", || async {
+        get(port, "/readyz").await.0 == 200
+    })
+    .await;
+    // No new connection to the database for anyone but a superuser, and
+    // the ones open are gone.
+    let full = |limit: i32| format!(r#"ALTER DATABASE "{}" CONNECTION LIMIT {limit}"#, db.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(full(0)))
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = $1 AND pid <> pg_backend_pid() AND usename <> current_user",
+    )
+    .bind(&db.name)
+    .execute(&db.admin)
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "readyz names the cause",
+        || async {
+            let (status, body) = get(port, "/readyz").await;
+            let body: Value = serde_json::from_str(&body).unwrap();
+            status == 503
+                && body["database"] == false
+                && body["database_cause"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("no connection slots left") && c.contains("53300"))
+        },
+    )
+    .await;
+    stop.cancel();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(full(-1)))
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    delete_broker_objects(&queues(&common), &common.exchange).await;
+    db.cleanup().await;
+}
