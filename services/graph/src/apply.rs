@@ -16,8 +16,25 @@ use serde_json::{Value, json};
 
 use crate::store::{Cypher, Params, Store, StoreError};
 
-/// The checkpoint, then the event's change, then whether it was applied
-/// (1) or already seen (0): every change keeps its one row. Each read of
+/// The tenant's watermark of the event's source, after a fresh event's
+/// checkpoint: the highest message applied and its time, and when the
+/// graph applied one last (`freshness.rs` reads them as `as_of`).
+macro_rules! watermark {
+    () => {
+        "MERGE (w:Watermark {tenant: $tenant, source: $source})
+         SET w.newer = coalesce(w.message, -1) < $message, w.applied_at = timestamp()
+         WITH w
+         SET w.message = CASE WHEN w.newer THEN $message ELSE w.message END,
+             w.occurred_at = CASE WHEN w.newer THEN $occurred_at ELSE w.occurred_at END
+         WITH w
+         "
+    };
+}
+
+/// The checkpoint, then the tenant's watermark of the event's source (the
+/// highest message applied, its time, and when: what answers give as
+/// `as_of`), then the event's change, then whether it was applied (1) or
+/// already seen (0): every change keeps its one row. Each read of
 /// a property that a write depends on is in that write's own SET (`fresh`
 /// is written, then used): Neo4j locks a node before such a read, where a
 /// value read by an earlier clause could be stale by the write (read
@@ -34,6 +51,7 @@ macro_rules! once {
              WITH k.fresh AS fresh WHERE fresh
              MERGE (:Tenant {tenant: $tenant})
              ",
+            watermark!(),
             $change,
             "
              RETURN count(*) AS applied"
@@ -107,18 +125,20 @@ const INVENTORY_REJECTED: Cypher = once!(
 /// a redelivery within them is seen; one older than them (a DLQ re-drive
 /// of an old letter) changes nothing anyway, since only an adjustment
 /// newer than the figure's own (`on_hand_message`) sets it.
-const STOCK_ADJUSTED: Cypher = Cypher(
+const STOCK_ADJUSTED: Cypher = Cypher(concat!(
     "MERGE (k:Checkpoint {tenant: $tenant, consumer: $consumer, source: $source, aggregate: $aggregate})
      SET k.fresh = NOT ($message IN coalesce(k.messages, []))
      WITH k
      SET k.messages = CASE WHEN k.fresh THEN coalesce(k.messages, [])[-63..] + [$message] ELSE k.messages END
      WITH k.fresh AS fresh WHERE fresh
      MERGE (:Tenant {tenant: $tenant})
-     MERGE (p:Product {tenant: $tenant, sku: $sku})
+     ",
+    watermark!(),
+    "MERGE (p:Product {tenant: $tenant, sku: $sku})
      SET p.on_hand = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $on_hand ELSE p.on_hand END
      SET p.on_hand_message = CASE WHEN coalesce(p.on_hand_message, 0) < $message THEN $message ELSE p.on_hand_message END
-     RETURN count(*) AS applied",
-);
+     RETURN count(*) AS applied"
+));
 
 /// How many message ids a product's checkpoint keeps (the `-63..` slice
 /// above, plus the new one).
@@ -186,6 +206,7 @@ impl Edges {
         params.insert("source".into(), json!(event.source));
         params.insert("aggregate".into(), json!(event.aggregate_key()));
         params.insert("message".into(), json!(event.id));
+        params.insert("occurred_at".into(), json!(event.occurred_at.to_rfc3339()));
         let rows = self
             .store
             .run(tenant, cypher, params)
@@ -243,7 +264,6 @@ fn statement(event: &Envelope) -> Result<(Cypher, Params), HandlerError> {
                 params(json!({
                     "order_id": e.order_id, "customer_id": e.customer_id, "currency": e.currency,
                     "total_cents": e.total_cents, "lines": lines,
-                    "occurred_at": event.occurred_at.to_rfc3339(),
                 })),
             )
         }

@@ -17,6 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::freshness::{self, Freshness};
 use crate::store::{Cypher, Params, Row, Store};
 use crate::{Error, GraphSettings};
 
@@ -59,6 +60,9 @@ pub struct Neighbourhood {
     pub lines: Vec<LineEdge>,
     /// `PAID_BY` edges, by payment id.
     pub payments: Vec<PaymentNode>,
+    /// `as_of` and `lag_seconds`: how fresh the answer is.
+    #[serde(flatten)]
+    pub freshness: Freshness,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -91,6 +95,9 @@ pub struct CoPurchased {
     pub sku: String,
     /// Other products bought by customers who bought `sku`, most shared first.
     pub products: Vec<CoPurchase>,
+    /// `as_of` and `lag_seconds`: how fresh the answer is.
+    #[serde(flatten)]
+    pub freshness: Freshness,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -105,6 +112,9 @@ pub struct OpenOrders {
     pub sku: String,
     /// Orders not yet confirmed or cancelled that contain `sku`, by id.
     pub orders: Vec<OpenOrder>,
+    /// `as_of` and `lag_seconds`: how fresh the answer is.
+    #[serde(flatten)]
+    pub freshness: Freshness,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -182,7 +192,12 @@ pub const OPEN_ORDERS: Cypher = Cypher(
 );
 
 /// Every statement the routes run, for the scoping test.
-pub const STATEMENTS: &[Cypher] = &[NEIGHBOURHOOD, CO_PURCHASED, OPEN_ORDERS];
+pub const STATEMENTS: &[Cypher] = &[
+    NEIGHBOURHOOD,
+    CO_PURCHASED,
+    OPEN_ORDERS,
+    freshness::WATERMARKS,
+];
 
 #[utoipa::path(get, path = "/graph/orders/{order_id}", tag = "graph",
     params(("order_id" = String, Path, description = "the order's id")),
@@ -248,6 +263,7 @@ async fn get_order(
     );
     let mut view: Neighbourhood = decode(Value::Object(row))?;
     view.payments.sort_by_key(|p| p.payment_id);
+    view.freshness = freshness::read(&state.store, tenant).await?;
     Ok(Json(view))
 }
 
@@ -278,7 +294,11 @@ async fn get_co_purchased(
         .filter(|r| r.get("sku").is_some_and(Value::is_string))
         .map(|r| decode(Value::Object(r)))
         .collect::<Result<_, _>>()?;
-    Ok(Json(CoPurchased { sku, products }))
+    Ok(Json(CoPurchased {
+        sku,
+        products,
+        freshness: freshness::read(&state.store, tenant).await?,
+    }))
 }
 
 #[utoipa::path(get, path = "/graph/products/{sku}/open-orders", tag = "graph",
@@ -299,7 +319,11 @@ async fn get_open_orders(
         .filter(|r| r.get("order_id").is_some_and(Value::is_i64))
         .map(|r| decode(Value::Object(r)))
         .collect::<Result<_, _>>()?;
-    Ok(Json(OpenOrders { sku, orders }))
+    Ok(Json(OpenOrders {
+        sku,
+        orders,
+        freshness: freshness::read(&state.store, tenant).await?,
+    }))
 }
 
 /// A sku as every service takes it; anything else names no product (404,

@@ -9,6 +9,7 @@
 
 pub mod apply;
 mod error;
+pub mod freshness;
 pub mod http;
 pub mod rebuild;
 pub mod schema;

@@ -22,6 +22,7 @@ use crate::store::StoreError;
 pub const KEYS: &[(&str, &[&str])] = &[
     ("Checkpoint", &["tenant", "consumer", "source", "aggregate"]),
     ("Tenant", &["tenant"]),
+    ("Watermark", &["tenant", "source"]),
     ("Customer", &["tenant", "id"]),
     ("Order", &["tenant", "id"]),
     ("Product", &["tenant", "sku"]),

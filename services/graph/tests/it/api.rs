@@ -35,12 +35,33 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
     (app.api, store, db, app.stop)
 }
 
+/// `body` without its freshness (`as_of`, `lag_seconds`), and that.
+fn fresh(mut body: Value) -> (Value, Value) {
+    let map = body.as_object_mut().expect("an object");
+    let freshness = json!({"as_of": map.remove("as_of"), "lag_seconds": map.remove("lag_seconds")});
+    (body, freshness)
+}
+
 #[tokio::test]
 async fn each_question_answers_from_the_tenants_own_graph() {
     let (api, store, db, stop) = spawn().await;
 
     let (status, body) = api.get(1, "/graph/orders/2").await;
     assert_eq!(status, 200, "{body}");
+    let (body, freshness) = fresh(body);
+    // The newest of tenant 1's events from each source, and its time (the
+    // events are stamped 1_700_000_000 + their id).
+    for (source, id) in [("orders", 7), ("inventory", 7), ("payments", 3)] {
+        let at = &freshness["as_of"][source];
+        assert_eq!(at["message_id"], id, "{source}: {freshness}");
+        let occurred = chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap();
+        assert_eq!(at["occurred_at"], occurred.to_rfc3339(), "{freshness}");
+        assert!(at["applied_at"].is_string(), "{freshness}");
+    }
+    assert!(
+        freshness["lag_seconds"].as_f64().is_some_and(|l| l > 0.0),
+        "applied long after its events' own times: {freshness}"
+    );
     assert_eq!(
         body,
         json!({
@@ -67,6 +88,8 @@ async fn each_question_answers_from_the_tenants_own_graph() {
     // c1 bought A and B (order 1) and B and C (order 2); c2 bought A and D.
     let (status, body) = api.get(1, "/graph/products/B/co-purchased").await;
     assert_eq!(status, 200, "{body}");
+    let (body, freshness) = fresh(body);
+    assert_eq!(freshness["as_of"]["orders"]["message_id"], 7);
     assert_eq!(
         body,
         json!({"sku": "B", "products": [{"sku": "A", "customers": 1}, {"sku": "C", "customers": 1}]})
@@ -81,12 +104,14 @@ async fn each_question_answers_from_the_tenants_own_graph() {
     // A is in orders 1 (confirmed), 3 (cancelled) and 4 (open, reserved).
     let (status, body) = api.get(1, "/graph/products/A/open-orders").await;
     assert_eq!(status, 200, "{body}");
+    let (body, freshness) = fresh(body);
+    assert_eq!(freshness["as_of"]["inventory"]["message_id"], 7);
     assert_eq!(
         body,
         json!({"sku": "A", "orders": [{"order_id": 4, "quantity": 3, "reserved": true}]})
     );
     let (_, body) = api.get(1, "/graph/products/D/open-orders").await;
-    assert_eq!(body, json!({"sku": "D", "orders": []}));
+    assert_eq!(fresh(body).0, json!({"sku": "D", "orders": []}));
 
     stop.cancel();
     store.delete().await.unwrap();
@@ -122,10 +147,21 @@ async fn no_token_path_or_parameter_reaches_another_tenants_nodes() {
         assert_eq!(body["error"]["code"], "not_found", "{path}");
     }
     let (_, body) = api.get(2, "/graph/products/A/co-purchased").await;
+    let (body, freshness) = fresh(body);
     assert_eq!(
         body,
         json!({"sku": "A", "products": []}),
         "tenant 2's A, alone"
+    );
+    assert_eq!(
+        freshness["as_of"],
+        json!({
+            "orders": {"message_id": 8, "occurred_at": "2023-11-14T22:13:28+00:00",
+                       "applied_at": freshness["as_of"]["orders"]["applied_at"]},
+            "inventory": {"message_id": 9, "occurred_at": "2023-11-14T22:13:29+00:00",
+                          "applied_at": freshness["as_of"]["inventory"]["applied_at"]},
+        }),
+        "tenant 2's own positions, no other's"
     );
     let (_, body) = api.get(2, "/graph/products/A/open-orders").await;
     assert_eq!(

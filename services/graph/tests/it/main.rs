@@ -139,11 +139,11 @@ pub fn commerce() -> Vec<Envelope> {
     ]
 }
 
-/// Every node but the checkpoints, and every edge, of `tenant`, as sorted
-/// JSON text.
+/// Every node but the checkpoints and the watermarks (their times are
+/// the apply's), and every edge, of `tenant`, as sorted JSON text.
 pub async fn dump(store: &Store, tenant: i64) -> Vec<String> {
     const NODES: Cypher = Cypher(
-        "MATCH (n {tenant: $tenant}) WHERE NOT n:Checkpoint
+        "MATCH (n {tenant: $tenant}) WHERE NOT n:Checkpoint AND NOT n:Watermark
          RETURN labels(n) AS labels, properties(n) AS properties",
     );
     const EDGES: Cypher = Cypher(
