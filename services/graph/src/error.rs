@@ -12,6 +12,11 @@ pub type Error = Failure<Graph>;
 pub enum Graph {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A row of the store that does not read as its answer: our bug, a
+    /// 500, never the 503 of a store that is down (a client would retry
+    /// it as an outage).
+    #[error("graph row: {0}")]
+    Row(String),
 }
 
 impl Domain for Graph {

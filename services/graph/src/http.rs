@@ -352,5 +352,5 @@ fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Error> {
 }
 
 fn internal(e: serde_json::Error) -> Error {
-    Error::Internal(reliability::Error::Upstream(format!("graph row: {e}")))
+    Error::Domain(crate::Graph::Row(e.to_string()))
 }

@@ -246,3 +246,26 @@ async fn a_write_sent_as_a_read_is_refused_by_the_engine() {
     assert_eq!(rows[0]["n"], json!(0), "nothing was written");
     store.delete().await.unwrap();
 }
+
+/// A node that does not read as its answer (a status that is not text) is
+/// a bug of ours: 500, never the 503 of a store that is down, which a
+/// client retries as an outage (it was answered 503).
+#[tokio::test]
+async fn a_row_that_does_not_read_as_its_answer_is_a_500_not_an_outage() {
+    use graph::store::{Cypher, Params};
+    let (api, store, db, stop) = spawn().await;
+    store
+        .run(
+            reliability::TenantId::new(1).unwrap(),
+            Cypher("CREATE (o:Order {tenant: $tenant, id: 77, status: 7}) RETURN o.id AS id"),
+            Params::new(),
+        )
+        .await
+        .unwrap();
+    let (status, body) = api.get(1, "/graph/orders/77").await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal_error", "{body}");
+    stop.cancel();
+    store.delete().await.unwrap();
+    db.cleanup().await;
+}
