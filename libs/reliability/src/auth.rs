@@ -62,14 +62,9 @@ pub struct AuthSettings {
 }
 
 impl Default for AuthSettings {
+    /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        Self {
-            jwt_secret: None,
-            jwt_jwks: None,
-            jwt_issuer: None,
-            jwt_audience: None,
-            jwt_max_lifetime_secs: 86_400,
-        }
+        crate::service::defaults()
     }
 }
 

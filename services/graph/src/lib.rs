@@ -57,12 +57,9 @@ const DEFAULT_URL: &str = "falkor://127.0.0.1:6380";
 const DEFAULT_NAME: &str = "commerce";
 
 impl Default for GraphSettings {
+    /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        Self {
-            graph_url: DEFAULT_URL.to_owned(),
-            graph_name: DEFAULT_NAME.to_owned(),
-            rebuild_from: Vec::new(),
-        }
+        reliability::service::defaults()
     }
 }
 

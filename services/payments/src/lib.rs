@@ -72,19 +72,9 @@ pub struct PspSettings {
 }
 
 impl Default for PspSettings {
-    /// As with no environment.
+    /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        Self {
-            psp_url: "http://127.0.0.1:8090".into(),
-            psp_timeout_ms: 3000,
-            psp_lease_secs: 30,
-            psp_max_in_flight: 64,
-            psp_tenant_in_flight: 16,
-            psp_deadline_secs: 900,
-            psp_lookup_grace_secs: 120,
-            psp_reconcile_interval_secs: 300,
-            psp_reconcile_window_hours: 48,
-        }
+        reliability::service::defaults()
     }
 }
 

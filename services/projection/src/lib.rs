@@ -62,13 +62,9 @@ pub(crate) const DEFAULT_VERIFY_GRACE_SECS: u64 = 60;
 pub const VERIFY_CHUNK: i64 = 500;
 
 impl Default for ProjectionSettings {
+    /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        Self {
-            rebuild_from: Vec::new(),
-            verify_sources: Vec::new(),
-            verify_interval_secs: DEFAULT_VERIFY_INTERVAL_SECS,
-            verify_grace_secs: DEFAULT_VERIFY_GRACE_SECS,
-        }
+        reliability::service::defaults()
     }
 }
 

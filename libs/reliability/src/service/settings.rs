@@ -17,6 +17,19 @@ use crate::{Error, Result, db};
 
 use super::ServerLimits;
 
+/// What an empty environment parses to for settings `X`: what clap reads
+/// from no arguments with every variable's lookup taken away, so the
+/// defaults written in `X`'s `#[arg]`s. [`CommonSettings::local`] and a
+/// service's own settings' `Default` are this: no default is written twice.
+pub fn defaults<X: clap::Args + clap::FromArgMatches>() -> X {
+    let command = X::augment_args(clap::Command::new("defaults"))
+        .mut_args(|arg| arg.env(None::<&'static str>));
+    let matches = command
+        .try_get_matches_from(["defaults"])
+        .expect("every setting has a default or is optional");
+    X::from_arg_matches(&matches).expect("the defaults parse")
+}
+
 /// Settings every service has, each from its environment variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonSettings {
@@ -157,41 +170,11 @@ pub struct CommonSettings {
 }
 
 impl CommonSettings {
-    /// Local defaults, as with no environment at all.
+    /// Local defaults, as with no environment at all ([`defaults`]): tests
+    /// and tools that start from `local()` run with exactly what an empty
+    /// environment gives a process.
     pub fn local() -> Self {
-        Self {
-            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
-            exchange: contracts::EXCHANGE.into(),
-            auth: AuthSettings::default(),
-            app_database_url: None,
-            relay_database_url: None,
-            owner_database_url: None,
-            db_pooler: None,
-            fail_points: String::new(),
-            queue_prefix: String::new(),
-            ordered_partitions: String::new(),
-            relay_backoff_ms: 30_000,
-            relay_confirm_timeout_ms: 10_000,
-            relay_max_attempts: 10,
-            consumer_lanes: 4,
-            db_pool_size: 16,
-            db_relay_pool_size: 6,
-            db_owner_pool_size: 2,
-            ops_port: None,
-            rate_limit_per_sec: 1000,
-            rate_limit_burst: 2000,
-            read_rate_limit_per_sec: READ_RATE_LIMIT.per_sec,
-            read_rate_limit_burst: READ_RATE_LIMIT.burst,
-            admission_max_in_flight: 1000,
-            admission_tenant_max_in_flight: String::new(),
-            admission_refresh_ms: 500,
-            http_header_timeout_secs: 10,
-            http_request_timeout_secs: 30,
-            openapi: false,
-            bind_address: "127.0.0.1".into(),
-            ops_bind_address: "127.0.0.1".into(),
-            otlp_endpoint: None,
-        }
+        defaults()
     }
 
     /// The token keys and rules, for minting in tests and tools (a serving
@@ -345,6 +328,21 @@ impl Databases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `local()` is an empty environment's parse: the defaults written in
+    /// the `#[arg]`s, never this process's environment. It wrote each
+    /// default a second time, by hand, before.
+    #[test]
+    fn local_is_what_an_empty_environment_parses_to() {
+        let local = CommonSettings::local();
+        assert_eq!(local.amqp_url, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(local.exchange, contracts::EXCHANGE);
+        assert_eq!((local.db_pool_size, local.consumer_lanes), (16, 4));
+        assert_eq!(local.read_rate_limit(), READ_RATE_LIMIT);
+        assert_eq!(local.auth.jwt_max_lifetime_secs, 86_400);
+        assert!(local.auth.jwt_secret.is_none() && local.app_database_url.is_none());
+        assert!(!local.openapi);
+    }
 
     #[tokio::test]
     async fn only_the_runtime_role_goes_through_the_pooler() {
