@@ -56,13 +56,12 @@ subprocess.Popen(
     [f.get_redis_server(), "--port", port, "--bind", "127.0.0.1", "--dir", dir,
      "--pidfile", dir + "/falkordb.pid", "--logfile", dir + "/falkordb.log",
      "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-     # The log rewritten (a snapshot, then what came after it) once past
-     # 4 MB and a quarter more than the last rewrite: a restart loads a
-     # snapshot instead of replaying every statement. Redis's own 64 MB
-     # and 100% left 15 MB of statements, 108 s to answer after a crash;
-     # these, 0.2 s (scripts/falkordb_restart.py, docs/runbooks.md).
-     "--auto-aof-rewrite-min-size", "4mb", "--auto-aof-rewrite-percentage", "25",
-     "--aof-use-rdb-preamble", "yes",
+     # Redis's own log rewrite (past 64 MB): a restart replays what came
+     # since, minutes on a long run (scripts/falkordb_restart.py). A
+     # rewrite at 4 MB restarted in 0.2 s, but one CI run of `make e2e`
+     # then found, after FalkorDB's kill -9, orders that had lost their
+     # OrderPlaced changes: kept off until that is understood
+     # (docs/adr/0030, amended in session 27).
      "--loadmodule", f.get_falkordb_module()],
     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     close_fds=True, start_new_session=True)
