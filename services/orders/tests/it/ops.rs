@@ -33,6 +33,21 @@ fn common() -> CommonSettings {
     common
 }
 
+/// A relay process of orders on `db`, running until `stop`: its ops port.
+async fn start_relay(db: &TestDb, common: &CommonSettings, stop: &ShutdownToken) -> u16 {
+    let app = service::start(
+        &SERVICE,
+        settings(Role::Relay, common.clone()),
+        db.databases(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let port = app.ops_port();
+    tokio::spawn(app.run_until_stopped());
+    port
+}
+
 fn queues(common: &CommonSettings) -> Vec<String> {
     contracts::topology::ALL
         .iter()
@@ -116,16 +131,7 @@ async fn a_relay_that_cannot_declare_its_topology_is_not_ready_and_says_why() {
         .await
         .unwrap();
     let stop = ShutdownToken::new();
-    let app = service::start(
-        &SERVICE,
-        settings(Role::Relay, common.clone()),
-        db.databases(),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
-    let port = app.ops_port();
-    tokio::spawn(app.run_until_stopped());
+    let port = start_relay(&db, &common, &stop).await;
     wait_until(
         Duration::from_secs(20),
         "the relay reports why it waits",
@@ -242,16 +248,7 @@ async fn a_server_with_no_connection_slots_left_is_named_by_readyz() {
     let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
     let common = common();
     let stop = ShutdownToken::new();
-    let app = service::start(
-        &SERVICE,
-        settings(Role::Relay, common.clone()),
-        db.databases(),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
-    let port = app.ops_port();
-    tokio::spawn(app.run_until_stopped());
+    let port = start_relay(&db, &common, &stop).await;
     wait_until(Duration::from_secs(20), "ready", || async {
         get(port, "/readyz").await.0 == 200
     })
