@@ -91,7 +91,7 @@ status: ## show which services of the stack run
 demo: ## place a few orders on the running stack and show how each ends
 	scripts/demo.sh
 
-verify: ## the running stack's order views and ordered histories against their sources (ADR 0035); exit 1 while one differs; make verify ARGS=--repair mends them
+verify: ## the running stack's order views, ordered histories and graph against their sources (ADR 0035); exit 1 while one differs; make verify ARGS=--repair mends them
 	scripts/stack.sh verify $(ARGS)
 
 doctor: ## check every prerequisite of make up / make test and print the fix for each missing one

@@ -3,7 +3,7 @@
 # local PostgreSQL and RabbitMQ, `down` stops exactly what `up` started (by
 # recorded pid), `logs` follows the logs, `status` shows what runs, `reset`
 # stops the stack and drops its databases and queues (its data is lost),
-# `verify` holds the projection's views to their sources (ADR 0035),
+# `verify` holds the projection and the graph to their sources (ADR 0035),
 # `observe` starts a Prometheus (Debian's package) on the running stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -315,10 +315,14 @@ logs() {
   tail -n 20 -F "$RUN"/logs/*.log
 }
 
-# One verification pass of the projection against its sources (ADR 0035):
-# exit 1 while a view differs. `make verify ARGS=--repair` re-derives them.
+# One verification pass of the projection and one of the graph against
+# their sources (ADR 0035): exit 1 while a view differs. `make verify
+# ARGS=--repair` re-derives them.
 verify() {
-  PROJECTION_DATABASE_URL=$PROJECTION_DATABASE_URL "$(bin projection)" verify "$@"
+  local status=0
+  PROJECTION_DATABASE_URL=$PROJECTION_DATABASE_URL "$(bin projection)" verify "$@" || status=$?
+  GRAPH_URL=${GRAPH_URL:-$(scripts/falkordb.sh url)} "$(bin graph)" verify "$@" || status=$?
+  return $status
 }
 
 case "${1:-}" in

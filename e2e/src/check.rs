@@ -5,8 +5,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use sqlx::PgPool;
 
-mod graph_view;
-
 /// The provider's money per charge key (`/control/ledger`).
 pub type Ledger = HashMap<String, psp_sim::KeyMoney>;
 
@@ -276,7 +274,7 @@ impl Dbs {
         }
         if let Some(graph) = &self.graph {
             v.violations
-                .extend(self.graph_agrees(graph, tenant, &orders).await?);
+                .extend(self.graph_verified(graph, tenant).await?);
         }
         Ok(v)
     }

@@ -110,7 +110,7 @@ impl Stack {
                 service: graph::GraphSettings {
                     graph_url: graph::test_url(),
                     graph_name: common.exchange.clone(),
-                    rebuild_from: Vec::new(),
+                    ..graph::GraphSettings::default()
                 },
                 ..Settings::local(common.clone())
             },

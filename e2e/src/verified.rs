@@ -1,4 +1,5 @@
-//! `projection verify` as the last check of an e2e run (docs/adr/0035).
+//! `projection verify` as the last check of an e2e run, and `graph
+//! verify` of each scenario's tenant (docs/adr/0035).
 
 use crate::check::Dbs;
 
@@ -7,16 +8,11 @@ impl Dbs {
     /// view equals what the sources' rows say, every ordered history is in
     /// its order. Run once all is quiet, so with no grace.
     pub async fn views_verified(&self) -> anyhow::Result<Vec<String>> {
-        let sources = projection::verify::Sources {
-            orders: self.orders.clone(),
-            inventory: self.inventory.clone(),
-            payments: self.payments.clone(),
-        };
         let verifier = projection::verify::Verifier::new(
             self.projection.clone(),
-            sources,
+            self.sources(),
             std::time::Duration::ZERO,
-            projection::VERIFY_CHUNK,
+            sources::verify::CHUNK,
         );
         let report = verifier.run_once(false).await?;
         Ok(report
@@ -29,5 +25,35 @@ impl Dbs {
                 )
             })
             .collect())
+    }
+
+    /// `graph verify` of one tenant (docs/adr/0035): every order's node and
+    /// edges, every customer's count and product's units ordered, as the
+    /// sources' rows say. Run once the scenario is quiet, with no grace.
+    pub(crate) async fn graph_verified(
+        &self,
+        graph: &std::sync::Arc<graph::store::Store>,
+        tenant: i64,
+    ) -> anyhow::Result<Vec<String>> {
+        let verifier = graph::verify::Verifier::new(
+            graph.clone(),
+            self.sources(),
+            std::time::Duration::ZERO,
+            sources::verify::CHUNK,
+        );
+        let report = verifier.run_tenant(tenant, false).await?;
+        Ok(report
+            .differences
+            .into_iter()
+            .map(|d| format!("graph verify: {} {}: {}", d.view, d.entity, d.detail))
+            .collect())
+    }
+
+    fn sources(&self) -> sources::Sources {
+        sources::Sources {
+            orders: self.orders.clone(),
+            inventory: self.inventory.clone(),
+            payments: self.payments.clone(),
+        }
     }
 }

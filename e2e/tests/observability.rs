@@ -61,6 +61,7 @@ fn exported() -> Vec<Metric> {
         .iter()
         .chain(payments::worker::METRICS)
         .chain(projection::verify::METRICS)
+        .chain(graph::verify::METRICS)
         .copied()
         .collect()
 }

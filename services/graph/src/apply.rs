@@ -31,7 +31,9 @@ macro_rules! watermark {
     };
 }
 
-/// The checkpoint, then the tenant's watermark of the event's source (the
+/// The checkpoint (a message it lists, or at or below its `upto`, the
+/// floor of a re-projection from the sources' rows, is a duplicate), then
+/// the tenant's watermark of the event's source (the
 /// highest message applied, its time, and when: what answers give as
 /// `as_of`), then the event's change, then whether it was applied (1) or
 /// already seen (0): every change keeps its one row. Each read of
@@ -45,7 +47,7 @@ macro_rules! once {
     ($change:expr) => {
         Cypher(concat!(
             "MERGE (k:Checkpoint {tenant: $tenant, consumer: $consumer, source: $source, aggregate: $aggregate})
-             SET k.fresh = NOT ($message IN coalesce(k.messages, []))
+             SET k.fresh = NOT ($message IN coalesce(k.messages, [])) AND $message > coalesce(k.upto, -1)
              WITH k
              SET k.messages = CASE WHEN k.fresh THEN coalesce(k.messages, []) + [$message] ELSE k.messages END
              WITH k.fresh AS fresh WHERE fresh
@@ -127,7 +129,7 @@ const INVENTORY_REJECTED: Cypher = once!(
 /// newer than the figure's own (`on_hand_message`) sets it.
 const STOCK_ADJUSTED: Cypher = Cypher(concat!(
     "MERGE (k:Checkpoint {tenant: $tenant, consumer: $consumer, source: $source, aggregate: $aggregate})
-     SET k.fresh = NOT ($message IN coalesce(k.messages, []))
+     SET k.fresh = NOT ($message IN coalesce(k.messages, [])) AND $message > coalesce(k.upto, -1)
      WITH k
      SET k.messages = CASE WHEN k.fresh THEN coalesce(k.messages, [])[-63..] + [$message] ELSE k.messages END
      WITH k.fresh AS fresh WHERE fresh

@@ -7,13 +7,17 @@
 //! stock-out touches. PostgreSQL stays the source of truth; the graph can
 //! be dropped and derived again.
 
+#[macro_use]
 pub mod apply;
+pub mod cli;
 mod error;
 pub mod freshness;
 pub mod http;
 pub mod rebuild;
+pub mod reproject;
 pub mod schema;
 pub mod store;
+pub mod verify;
 
 use std::sync::Arc;
 
@@ -51,6 +55,14 @@ pub struct GraphSettings {
     /// `orders=postgres://commerce_owner@127.0.0.1/orders,inventory=…,payments=…`.
     #[arg(long, value_delimiter = ',')]
     pub rebuild_from: Vec<String>,
+    /// What a rebuild reads: `rows`, the sources' current rows and then
+    /// their tail (at any age), or `history`, every event the outboxes and
+    /// their archives still hold (90 days).
+    #[arg(long, value_enum, default_value_t = RebuildWith::Rows)]
+    pub rebuild_with: RebuildWith,
+    /// The scheduled verification pass (docs/adr/0035).
+    #[command(flatten)]
+    pub verify: sources::VerifySettings,
 }
 
 const DEFAULT_URL: &str = "falkor://127.0.0.1:6380";
@@ -103,11 +115,37 @@ fn consume(tasks: &mut Tasks, _: &Databases, settings: &Settings) -> reliability
     let config = common.consumer_config(&contracts::topology::GRAPH_EDGES)?;
     let edges = apply::Edges::new(Arc::new(settings.service.store()), &config.name);
     tasks.spawn_consumer(Consumer::with_sink(&common.amqp_url, config, edges)?);
+    let own = &settings.service.verify;
+    if let Some((sources, every)) = own.scheduled()? {
+        let store = Arc::new(settings.service.store());
+        let verifier = verify::Verifier::new(store, sources, own.grace(), sources::verify::CHUNK);
+        let stop = tasks.shutdown();
+        tasks.spawn("verification", async move {
+            verifier.run(every, true, stop).await;
+            Ok(())
+        });
+    }
     Ok(())
 }
 
-/// `--rebuild-from`: the graph again from the given sources' history.
-pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<rebuild::RebuildReport> {
-    let sources = reliability::outbox::history_sources(&settings.service.rebuild_from).await?;
-    Ok(rebuild::rebuild(&settings.service, &sources).await?)
+/// What a rebuild reads (`--rebuild-with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RebuildWith {
+    Rows,
+    History,
+}
+
+/// `--rebuild-from`: the graph again from the given sources, as JSON.
+pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<serde_json::Value> {
+    let own = &settings.service;
+    Ok(match own.rebuild_with {
+        RebuildWith::Rows => {
+            let sources = sources::Sources::lazy(&own.rebuild_from)?;
+            serde_json::to_value(reproject::reproject(own, &sources).await?)?
+        }
+        RebuildWith::History => {
+            let sources = reliability::outbox::history_sources(&own.rebuild_from).await?;
+            serde_json::to_value(rebuild::rebuild(own, &sources).await?)?
+        }
+    })
 }

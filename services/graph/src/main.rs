@@ -2,6 +2,11 @@ use graph::{SERVICE, Settings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `graph verify …`: an operator's one pass; anything else runs a role.
+    if std::env::args().nth(1).as_deref() == Some("verify") {
+        let agrees = graph::cli::verify(std::env::args().skip(1)).await?;
+        std::process::exit(if agrees { 0 } else { 1 });
+    }
     reliability::service::init_tracing();
     let settings = Settings::from_env(&SERVICE);
     if !settings.service.rebuild_from.is_empty() {

@@ -13,8 +13,6 @@ pub mod rebuild;
 pub mod verify;
 pub mod views;
 
-use std::time::Duration;
-
 use reliability::service::{self, Databases, Service, ShutdownToken, Tasks};
 use sqlx::migrate::Migrator;
 
@@ -41,25 +39,10 @@ pub struct ProjectionSettings {
     /// `orders=postgres://commerce_owner@127.0.0.1/orders,inventory=…,payments=…`.
     #[arg(long, value_delimiter = ',')]
     pub rebuild_from: Vec<String>,
-    /// The sources the consume role verifies the views against, on a
-    /// schedule: `orders=URL,inventory=URL,payments=URL`, each opened as
-    /// the owner role (empty: no scheduled verification; `projection
-    /// verify` runs one pass).
-    #[arg(long, env = "VERIFY_SOURCES", value_delimiter = ',')]
-    pub verify_sources: Vec<String>,
-    /// Seconds between two scheduled verification passes; each repairs what differs.
-    #[arg(long, env = "VERIFY_INTERVAL_SECS", default_value_t = DEFAULT_VERIFY_INTERVAL_SECS)]
-    pub verify_interval_secs: u64,
-    /// How long an order's source rows must have been still before its
-    /// view is held to them: the consumer's lag that is not yet drift.
-    #[arg(long, env = "VERIFY_GRACE_SECS", default_value_t = DEFAULT_VERIFY_GRACE_SECS)]
-    pub verify_grace_secs: u64,
+    /// The scheduled verification pass (docs/adr/0035).
+    #[command(flatten)]
+    pub verify: sources::VerifySettings,
 }
-
-const DEFAULT_VERIFY_INTERVAL_SECS: u64 = 600;
-pub(crate) const DEFAULT_VERIFY_GRACE_SECS: u64 = 60;
-/// Orders (and histories) a verification pass reads at a time.
-pub const VERIFY_CHUNK: i64 = 500;
 
 impl Default for ProjectionSettings {
     /// As with no environment: the defaults of the `#[arg]`s above.
@@ -82,18 +65,15 @@ fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliabili
         &contracts::topology::PROJECTION_HISTORY,
         history::History,
     )?;
-    let own = &settings.service;
-    if !own.verify_sources.is_empty() && own.verify_interval_secs > 0 {
+    let own = &settings.service.verify;
+    if let Some((sources, every)) = own.scheduled()? {
         let verifier = verify::Verifier::new(
             dbs.owner.clone(),
-            verify::Sources::lazy(&own.verify_sources)?,
-            Duration::from_secs(own.verify_grace_secs),
-            VERIFY_CHUNK,
+            sources,
+            own.grace(),
+            sources::verify::CHUNK,
         );
-        let (every, stop) = (
-            Duration::from_secs(own.verify_interval_secs),
-            tasks.shutdown(),
-        );
+        let stop = tasks.shutdown();
         tasks.spawn("verification", async move {
             verifier.run(every, true, stop).await;
             Ok(())

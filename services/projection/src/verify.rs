@@ -27,11 +27,22 @@ use reliability::service::ShutdownToken;
 use serde::Serialize;
 use sqlx::PgPool;
 
-pub use sources::{OrderState, Sources};
+pub use ::sources::{Difference, Key, Sources};
+pub use sources::OrderState;
 
 pub const DIFFERENCES: &str = "projection_verify_differences";
 pub const REPAIRS: &str = "projection_verify_repairs_total";
 pub const LAST_SUCCESS: &str = "projection_verify_last_success_timestamp_seconds";
+
+/// The scheduled pass's metrics.
+const SCHEDULE: ::sources::verify::Schedule = ::sources::verify::Schedule {
+    view: "projection",
+    parts: &["orders", "history"],
+    metrics: METRICS,
+    differences: DIFFERENCES,
+    repairs: REPAIRS,
+    last_success: LAST_SUCCESS,
+};
 
 /// The metrics of the scheduled pass, for the catalogue.
 pub const METRICS: &[Metric] = &[
@@ -55,34 +66,6 @@ pub const METRICS: &[Metric] = &[
     },
 ];
 
-/// An order view's key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct Key {
-    pub tenant_id: i64,
-    pub order_id: i64,
-}
-
-impl Key {
-    pub fn new(tenant_id: i64, order_id: i64) -> Self {
-        Self {
-            tenant_id,
-            order_id,
-        }
-    }
-}
-
-/// One entity whose view differs from its source.
-#[derive(Debug, Clone, Serialize)]
-pub struct Difference {
-    /// `orders` (an order view) or `history` (an ordered history).
-    pub view: &'static str,
-    pub tenant_id: i64,
-    /// The order id, or `<aggregate_type>:<aggregate_id>`.
-    pub entity: String,
-    pub detail: String,
-    pub repaired: bool,
-}
-
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
     pub orders_checked: usize,
@@ -90,13 +73,6 @@ pub struct Report {
     pub orders_settling: usize,
     pub histories_checked: usize,
     pub differences: Vec<Difference>,
-}
-
-impl Report {
-    fn count(&self, view: &str) -> (usize, usize) {
-        let of = self.differences.iter().filter(|d| d.view == view);
-        (of.clone().count(), of.filter(|d| d.repaired).count())
-    }
 }
 
 pub struct Verifier {
@@ -231,32 +207,10 @@ impl Verifier {
 
     /// A pass every `every` until `stop`, each one's outcome in the metrics.
     pub async fn run(self, every: Duration, repair: bool, stop: ShutdownToken) {
-        reliability::metrics::describe(METRICS);
-        loop {
-            match self.run_once(repair).await {
-                Ok(report) => {
-                    for view in ["orders", "history"] {
-                        let (found, repaired) = report.count(view);
-                        metrics::gauge!(DIFFERENCES, "view" => view).set(found as f64);
-                        metrics::counter!(REPAIRS, "view" => view).increment(repaired as u64);
-                        if found > 0 {
-                            tracing::warn!(
-                                view,
-                                found,
-                                repaired,
-                                "verify: views differ from their sources"
-                            );
-                        }
-                    }
-                    metrics::gauge!(LAST_SUCCESS).set(chrono::Utc::now().timestamp() as f64);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "verify: the pass failed; next one on schedule")
-                }
-            }
-            if tokio::time::timeout(every, stop.cancelled()).await.is_ok() {
-                return;
-            }
-        }
+        SCHEDULE
+            .run(every, stop, || async {
+                Ok(self.run_once(repair).await?.differences)
+            })
+            .await
     }
 }

@@ -29,9 +29,20 @@ impl<A: Apply> Consumer<A> {
     /// a duplicate, so a live consumer of the same name may run beside it.
     /// Returns what each source's replay did; logs each page.
     pub async fn replay(&self, sources: &[(String, PgPool)]) -> Result<Vec<Replayed>> {
+        self.replay_after(sources, |_| 0).await
+    }
+
+    /// As [`Self::replay`], from the outbox id after `after(source)` on:
+    /// the tail of a history whose start is already in the derived state
+    /// (a re-projection from the sources' rows).
+    pub async fn replay_after(
+        &self,
+        sources: &[(String, PgPool)],
+        from: impl Fn(&str) -> i64,
+    ) -> Result<Vec<Replayed>> {
         let mut replayed = Vec::with_capacity(sources.len());
         for (source, pool) in sources {
-            let (mut after, mut count, mut applied) = (0, 0, 0);
+            let (mut after, mut count, mut applied) = (from(source), 0, 0);
             loop {
                 let page = outbox::history(pool, source, after, PAGE).await?;
                 let Some(last) = page.last() else { break };

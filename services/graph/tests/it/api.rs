@@ -29,7 +29,7 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
     settings.service = GraphSettings {
         graph_url: graph_url(),
         graph_name: store.name().to_owned(),
-        rebuild_from: Vec::new(),
+        ..GraphSettings::default()
     };
     let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
     (app.api, store, db, app.stop)

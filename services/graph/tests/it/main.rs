@@ -5,6 +5,8 @@
 mod api;
 mod exactly_once;
 mod rebuild;
+mod reproject;
+mod verify;
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
 use reliability::testing::unique;
 use serde_json::{Value, json};
+use sqlx::PgPool;
 
 /// The FalkorDB server the tests use, started once per test binary if need be.
 pub fn graph_url() -> String {
@@ -62,6 +65,29 @@ fn placed(id: i64, tenant: i64, order: i64, customer: &str, lines: Value) -> Env
 
 fn line(sku: &str, quantity: i64) -> Value {
     json!({"sku": sku, "quantity": quantity, "unit_price_cents": 100})
+}
+
+/// Writes `events` into their sources' outboxes, with their own ids.
+pub async fn record(sources: &[(String, PgPool)], events: &[Envelope]) {
+    for e in events {
+        let (_, pool) = sources.iter().find(|(s, _)| *s == e.source).unwrap();
+        sqlx::query(
+            "INSERT INTO outbox_messages (id, tenant_id, aggregate_type, aggregate_id, event_type,
+                                          event_version, payload, occurred_at, processed_at)
+             OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())",
+        )
+        .bind(e.id)
+        .bind(e.tenant_id)
+        .bind(&e.aggregate_type)
+        .bind(&e.aggregate_id)
+        .bind(&e.event_type)
+        .bind(e.event_version)
+        .bind(&e.payload)
+        .bind(e.occurred_at)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
 }
 
 /// Two tenants' commerce, every event type, ids that repeat across

@@ -7,34 +7,9 @@ use graph::GraphSettings;
 use graph::rebuild::{build_fresh, catch_up, swap};
 use graph::store::Store;
 use reliability::consumer::ConsumerConfig;
-use reliability::outbox::Envelope;
 use reliability::testing::{TestDb, unique};
-use sqlx::PgPool;
 
-use super::{CONSUMER, commerce, consumer, dump, graph_url, line, placed};
-
-/// Writes `events` into their sources' outboxes, with their own ids.
-async fn record(sources: &[(String, PgPool)], events: &[Envelope]) {
-    for e in events {
-        let (_, pool) = sources.iter().find(|(s, _)| *s == e.source).unwrap();
-        sqlx::query(
-            "INSERT INTO outbox_messages (id, tenant_id, aggregate_type, aggregate_id, event_type,
-                                          event_version, payload, occurred_at, processed_at)
-             OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())",
-        )
-        .bind(e.id)
-        .bind(e.tenant_id)
-        .bind(&e.aggregate_type)
-        .bind(&e.aggregate_id)
-        .bind(&e.event_type)
-        .bind(e.event_version)
-        .bind(&e.payload)
-        .bind(e.occurred_at)
-        .execute(pool)
-        .await
-        .unwrap();
-    }
-}
+use super::{CONSUMER, commerce, consumer, dump, graph_url, line, placed, record};
 
 #[tokio::test]
 async fn a_rebuild_beside_the_live_consumer_ends_with_the_graph_of_every_event() {
@@ -60,7 +35,7 @@ async fn a_rebuild_beside_the_live_consumer_ends_with_the_graph_of_every_event()
     let settings = GraphSettings {
         graph_url: graph_url(),
         graph_name: unique("graphtest."),
-        rebuild_from: Vec::new(),
+        ..GraphSettings::default()
     };
     let live_store = Arc::new(settings.store());
     let live = consumer(&live_store, ConsumerConfig::new(CONSUMER, "", &[]));

@@ -9,8 +9,7 @@ use reliability::outbox::Envelope;
 use reliability::{Result, TenantId};
 use sqlx::PgPool;
 
-use super::Key;
-use super::sources::Sources;
+use super::{Key, Sources};
 use crate::views::{self, Views};
 
 /// Re-derives one order view from the sources' event history: every event
