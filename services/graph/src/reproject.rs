@@ -9,12 +9,19 @@
 //!    writes them, with the events past the floor that the rows reflect
 //!    and the floor itself on each checkpoint. Then each product's stock,
 //!    and every count from the edges.
-//! 3. The tail, the events past the floors, replayed into the fresh graph:
-//!    what a snapshot reflected is a duplicate, the rest is applied once.
-//! 4. The fresh graph in the live one's place, in one step, and the tail
-//!    once more into it: what the live consumer applied to the old graph
-//!    since step 3. Readers keep the old graph until the new one is built
-//!    and caught up to the tail.
+//! 3. The tail, the events past the floors, replayed into the fresh graph
+//!    up to a new position taken as the floors are (every event at or
+//!    below it committed); again from there while a pass finds more than
+//!    [`SHORT_TAIL`] events, at most [`TAIL_PASSES`] times: the load goes
+//!    on meanwhile. What a snapshot reflected is a duplicate, the rest is
+//!    applied once.
+//! 4. The fresh graph in the live one's place, in one step; then a last
+//!    position, taken after the swap, and the tail up to it once more into
+//!    the graph now live: what the live consumer applied to the old graph
+//!    since step 3 was committed before the swap, so it is at or below
+//!    that position; what it applies from now on lands in the new graph.
+//!    Readers keep the old graph until the new one is built and caught up
+//!    to the last pass of step 3.
 //!
 //! Afterwards a live delivery of any event at or below a floor is a
 //! duplicate (the checkpoint's `upto`), whatever the archive still holds.
@@ -39,8 +46,8 @@ pub struct Reprojected {
     /// Orders and products written from the sources' rows.
     pub orders: usize,
     pub products: usize,
-    /// The tail past the floors, into the fresh graph.
-    pub tail: Vec<Replayed>,
+    /// Events of the tail past the floors, into the fresh graph.
+    pub tail: usize,
     /// Events applied after the swap: what only the old graph had had.
     pub caught_up: usize,
 }
@@ -69,10 +76,25 @@ pub async fn reproject(
         .into_iter()
         .map(|(name, pool)| (name.to_owned(), pool.clone()))
         .collect();
-    let tail = replay_tail(&fresh, &history, floors).await?;
+    let mut from = floors;
+    let mut tail = 0;
+    for _ in 0..TAIL_PASSES {
+        let to = sources::floors(sources, sources::FLOOR_WAIT).await?;
+        let pass: usize = replay_tail(&fresh, &history, from, to)
+            .await?
+            .iter()
+            .map(|r| r.events)
+            .sum();
+        tail += pass;
+        from = to;
+        if pass <= SHORT_TAIL {
+            break;
+        }
+    }
     swap(&fresh, graph).await?;
+    let to = sources::floors(sources, sources::FLOOR_WAIT).await?;
     let live = Arc::new(graph.store());
-    let caught_up = replay_tail(&live, &history, floors)
+    let caught_up = replay_tail(&live, &history, from, to)
         .await?
         .iter()
         .map(|r| r.applied)
@@ -141,16 +163,25 @@ async fn write_stock(
     }
 }
 
+/// A pass of the tail that finds at most this many events is the last
+/// before the swap.
+pub const SHORT_TAIL: usize = 200;
+/// At most this many passes of the tail before the swap, however busy the
+/// sources: the last position's events then arrive just after it.
+pub const TAIL_PASSES: usize = 5;
+
+/// The events in `(from, to]` of each source, into `store`.
 async fn replay_tail(
     store: &Arc<Store>,
     history: &[(String, PgPool)],
-    floors: Floors,
+    from: Floors,
+    to: Floors,
 ) -> reliability::Result<Vec<Replayed>> {
     let into = Consumer::with_sink(
         "",
         ConsumerConfig::new(CONSUMER, "", &[]),
         Edges::new(store.clone(), CONSUMER),
     )?;
-    into.replay_after(history, |source| floors.of(source).max(0))
+    into.replay_between(history, |source| (from.of(source).max(0), to.of(source)))
         .await
 }

@@ -29,32 +29,37 @@ impl<A: Apply> Consumer<A> {
     /// a duplicate, so a live consumer of the same name may run beside it.
     /// Returns what each source's replay did; logs each page.
     pub async fn replay(&self, sources: &[(String, PgPool)]) -> Result<Vec<Replayed>> {
-        self.replay_after(sources, |_| 0).await
+        self.replay_between(sources, |_| (0, i64::MAX)).await
     }
 
-    /// As [`Self::replay`], from the outbox id after `after(source)` on:
-    /// the tail of a history whose start is already in the derived state
-    /// (a re-projection from the sources' rows).
-    pub async fn replay_after(
+    /// As [`Self::replay`], the events of each source with outbox ids in
+    /// `(after, upto]` = `range(source)`: the tail of a history whose start
+    /// is already in the derived state (a re-projection from the sources'
+    /// rows), up to where it stood when the pass began.
+    pub async fn replay_between(
         &self,
         sources: &[(String, PgPool)],
-        from: impl Fn(&str) -> i64,
+        range: impl Fn(&str) -> (i64, i64),
     ) -> Result<Vec<Replayed>> {
         let mut replayed = Vec::with_capacity(sources.len());
         for (source, pool) in sources {
-            let (mut after, mut count, mut applied) = (from(source), 0, 0);
-            loop {
+            let (mut after, upto) = range(source);
+            let (mut count, mut applied) = (0, 0);
+            'pages: loop {
                 let page = outbox::history(pool, source, after, PAGE).await?;
                 let Some(last) = page.last() else { break };
                 after = last.id;
                 for event in &page {
+                    if event.id > upto {
+                        break 'pages;
+                    }
                     let outcome = self.apply(event).await.map_err(|e| Error::Replay {
                         message_id: event.message_id(),
                         source: Box::new(e),
                     })?;
                     applied += usize::from(outcome == Outcome::Applied);
+                    count += 1;
                 }
-                count += page.len();
                 tracing::info!(consumer = %self.config.name, source = %source, replayed = count, "replay progress");
             }
             replayed.push(Replayed {
