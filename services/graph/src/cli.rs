@@ -20,6 +20,9 @@ struct Verify {
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
+    /// Only this tenant's orders, customers and products.
+    #[arg(long)]
+    tenant: Option<i64>,
     #[command(flatten)]
     graph: GraphSettings,
 }
@@ -40,7 +43,10 @@ pub async fn verify(args: impl IntoIterator<Item = String>) -> reliability::Resu
         schedule.grace(),
         sources::verify::CHUNK,
     );
-    let report = verifier.run_once(cmd.repair).await?;
+    let report = match cmd.tenant {
+        Some(tenant) => verifier.run_tenant(tenant, cmd.repair).await?,
+        None => verifier.run_once(cmd.repair).await?,
+    };
     let summary = serde_json::json!({
         "orders_checked": report.orders_checked,
         "orders_settling": report.orders_settling,

@@ -26,6 +26,7 @@ use run::{LAYOUT, Run, SKIPPED, Scenario, bin, settle};
 mod alarm;
 mod crashes;
 mod cutoff;
+mod drift;
 mod faults;
 mod hostile;
 mod money;
@@ -52,6 +53,7 @@ fn scenarios() -> Vec<Scenario> {
         partial::scenarios(),
         cutoff::scenarios(),
         ordered::scenarios(),
+        drift::scenarios(),
     ]
     .concat()
 }
