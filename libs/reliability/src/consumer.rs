@@ -358,9 +358,11 @@ pub async fn begin_as_handler(
     TenantTx::begin_locked(pool, tenant, &[lock_id(consumer, tenant.get(), key)]).await
 }
 
-/// The advisory lock id of `key` in `consumer`'s state of `tenant`: the
-/// first 8 bytes of a SHA-256, so every process computes the same.
-fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {
+/// The advisory lock id of `key` (an aggregate's `type:id`) in
+/// `consumer`'s state of `tenant`: the first 8 bytes of a SHA-256, so
+/// every process computes the same, and an operator's session (or a
+/// test, or a fault) can hold the lock an applier takes.
+pub fn lock_id(consumer: &str, tenant: i64, key: &str) -> i64 {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{consumer}\0{tenant}\0{key}").as_bytes());
     let mut first = [0u8; 8];

@@ -17,6 +17,7 @@ use reliability::testing::wait_until;
 
 use crate::run::{Outcome, PREFIX, Run, Scenario, bin, quiesce, run_cmd};
 
+mod held;
 mod partitions;
 use partitions::*;
 
@@ -29,6 +30,10 @@ const RACE: u32 = 3;
 /// This module's rows of the table.
 pub fn scenarios() -> Vec<Scenario> {
     vec![
+        (
+            "ordered: an aggregate's lock held past lock_timeout under load",
+            |r, t| Box::pin(held::lock_held(r, t)),
+        ),
         (
             "ordered: kill -9 relays and consumers under racing writes",
             |r, t| Box::pin(killed(r, t)),

@@ -6,15 +6,6 @@ use super::*;
 use reliability::consumer::{ApplyError, Outcome};
 use sqlx::postgres::PgPoolOptions;
 
-/// The advisory lock an ordered consumer takes for an aggregate, as
-/// `consumer::lock_id` computes it: the same in every process, so an
-/// operator's session (or a slow transaction) can hold it.
-fn aggregate_lock(consumer: &str, tenant: i64, aggregate_key: &str) -> i64 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{consumer}\0{tenant}\0{aggregate_key}").as_bytes());
-    i64::from_be_bytes(digest[..8].try_into().unwrap())
-}
-
 #[tokio::test]
 async fn a_lock_wait_past_lock_timeout_leaves_no_connection_in_a_transaction() {
     let (db, _, cfg) = gate("reltest.lockwait.").await;
@@ -35,7 +26,11 @@ async fn a_lock_wait_past_lock_timeout_leaves_no_connection_in_a_transaction() {
     // An operator's session holds the aggregate's lock past the bound.
     let mut holder = db.owner.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(aggregate_lock(&cfg.name, 1, &first.aggregate_key()))
+        .bind(reliability::consumer::lock_id(
+            &cfg.name,
+            1,
+            &first.aggregate_key(),
+        ))
         .execute(&mut *holder)
         .await
         .unwrap();
@@ -107,7 +102,11 @@ async fn a_skip_beside_a_lane_parking_the_next_event_loses_nothing() {
     let next = event(33, 4);
     let mut lane = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(aggregate_lock(&cfg.name, 1, &next.aggregate_key()))
+        .bind(reliability::consumer::lock_id(
+            &cfg.name,
+            1,
+            &next.aggregate_key(),
+        ))
         .execute(&mut *lane)
         .await
         .unwrap();
