@@ -9,6 +9,8 @@ pub mod cli;
 mod error;
 pub mod http;
 pub mod provider;
+#[macro_use]
+mod refunded;
 pub mod reconcile;
 pub mod worker;
 

@@ -232,9 +232,27 @@ impl Psp {
                 } else if status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429) {
                     Reply::Retry(format!("provider answered {status}"))
                 } else {
-                    Reply::Refused(format!("provider answered {status}"))
+                    // The provider's reason, where its body names one: a
+                    // refusal's rule may depend on it (`refused_because`).
+                    let code = resp
+                        .json::<serde_json::Value>()
+                        .await
+                        .ok()
+                        .and_then(|b| b["error"]["code"].as_str().map(str::to_owned));
+                    match code {
+                        Some(code) => {
+                            Reply::Refused(format!("provider answered {status} ({code})"))
+                        }
+                        None => Reply::Refused(format!("provider answered {status}")),
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether a refusal's text (from [`Reply::Refused`]) names the provider's
+/// reason `code`.
+pub fn refused_because(refusal: &str, code: &str) -> bool {
+    refusal.ends_with(&format!("({code})"))
 }

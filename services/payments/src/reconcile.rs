@@ -123,6 +123,7 @@ impl Reconciler {
                 report.mismatches.push(m);
             }
         }
+        report.mismatches.extend(self.books(since, repair).await?);
         let listed: HashSet<&str> = charges.iter().map(|c| c.key.as_str()).collect();
         let captured = (
             "SELECT tenant_id, payment_id FROM payments WHERE status = 'captured' AND first_attempt_at >= $1",

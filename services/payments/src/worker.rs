@@ -47,6 +47,7 @@ pub const BEFORE_RECORD_COMMIT: &str = "payments.before_record_commit";
 
 pub const PSP_CALLS_IN_FLIGHT: &str = "psp_calls_in_flight";
 pub const PSP_CALL_DURATION: &str = "psp_call_duration_seconds";
+pub const REFUNDS_FAILED: &str = "payments_refunds_failed_total";
 
 /// The worker's own metrics (the library's are in `reliability::metrics`).
 pub const METRICS: &[Metric] = &[
@@ -61,6 +62,12 @@ pub const METRICS: &[Metric] = &[
         kind: Kind::Histogram,
         labels: &["call"],
         help: "Provider call latency (call=\"charge\").",
+    },
+    Metric {
+        name: REFUNDS_FAILED,
+        kind: Kind::Counter,
+        labels: &["reason"],
+        help: "Refunds that ended failed, their amount given back to the payment (reason=\"refused\"|\"charge_failed\"|\"nothing_charged\"|\"failed_at_provider\"|\"no_room_left\").",
     },
     Metric {
         name: crate::reconcile::MISMATCHES,

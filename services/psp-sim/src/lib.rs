@@ -93,6 +93,10 @@ pub struct Faults {
     /// of the key is 409 (in progress).
     pub land_late_next: u32,
     pub land_after_ms: u64,
+    /// Accept a refund and answer it `"status": "failed"`, the money left
+    /// where it was: a provider that fails refunds after taking them. A
+    /// replay of its key answers the same failed refund.
+    pub refund_fail_next: u32,
 }
 
 #[derive(Clone, Default)]

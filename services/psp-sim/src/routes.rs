@@ -146,13 +146,22 @@ pub(crate) async fn create_refund(
                 "the refund exceeds what is left of the charge",
             ));
         }
-        charge.refunded_cents += req.amount_cents;
+        let (charge_id, charge_key) = (charge.charge_id.clone(), charge.key.clone());
+        let fails = ledger.faults.refund_fail_next > 0;
+        let status = if fails {
+            ledger.faults.refund_fail_next -= 1;
+            "failed"
+        } else {
+            let charge = ledger.charges.get_mut(&charge_key).expect("found above");
+            charge.refunded_cents += req.amount_cents;
+            "succeeded"
+        };
         let refund = Refund {
             refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
             key: key.clone(),
-            charge_id: charge.charge_id.clone(),
-            charge_key: charge.key.clone(),
-            status: "succeeded".into(),
+            charge_id,
+            charge_key,
+            status: status.into(),
             amount_cents: req.amount_cents,
             created_at: Utc::now(),
         };

@@ -72,7 +72,7 @@ impl Reconciler {
         if !repair {
             return Ok(mismatch("charge_without_order", detail, false));
         }
-        sqlx::query(
+        let inserted = sqlx::query(
             "INSERT INTO refunds (tenant_id, payment_id, amount_cents, charge_key, repair)
              VALUES ($1, $2, $3, $4, true) ON CONFLICT DO NOTHING",
         )
@@ -81,10 +81,64 @@ impl Reconciler {
         .bind(owed)
         .bind(&c.key)
         .execute(&mut *tx)
-        .await?;
-        count_refunded(&mut tx, payment_id, owed).await?;
+        .await?
+        .rows_affected();
+        // A refund of the repair's already there counted when it was made.
+        if inserted == 1 {
+            count_refunded(&mut tx, payment_id, owed).await?;
+        }
         tx.commit().await?;
         Ok(mismatch("charge_without_order", detail, true))
+    }
+
+    /// Captured payments of the window whose `refunded_cents` is not what
+    /// their own refunds pending or succeeded add up to (as
+    /// `refunded::recount` counts them): drift in our books, counted again,
+    /// each judged with its row locked. Whether each refund's status is the
+    /// provider's is the refund pass's to judge.
+    pub(super) async fn books(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+        repair: bool,
+    ) -> Result<Vec<Mismatch>> {
+        let drifted: Vec<(i64, i64)> = sqlx::query_as(concat!(
+            "SELECT p.tenant_id, p.payment_id FROM payments p
+             WHERE p.status = 'captured' AND p.first_attempt_at >= $1 AND p.refunded_cents <> ",
+            counted!()
+        ))
+        .bind(since)
+        .fetch_all(&self.owner)
+        .await?;
+        let mut found = Vec::new();
+        for (tenant, payment_id) in drifted {
+            let mut tx = TenantTx::begin(&self.owner, TenantId::new(tenant)?).await?;
+            let row: Option<(i64, i64)> = sqlx::query_as(concat!(
+                "SELECT p.refunded_cents, ",
+                counted!(),
+                "::bigint FROM payments p
+                 WHERE p.tenant_id = $1 AND p.payment_id = $2 AND p.status = 'captured' FOR UPDATE OF p"
+            ))
+            .bind(tenant)
+            .bind(payment_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((books, counted)) = row.filter(|(b, c)| b != c) else {
+                continue;
+            };
+            if repair {
+                crate::refunded::recount(&mut tx, payment_id).await?;
+                tx.commit().await?;
+            }
+            found.extend(Mismatch::found(
+                "refunded_amount_drift",
+                &contracts::provider::charge_key(tenant, payment_id),
+                format!(
+                    "payment {payment_id} counts {books} cents refunded; its refunds pending or succeeded add up to {counted}"
+                ),
+                repair,
+            ));
+        }
+        Ok(found)
     }
 
     /// A listed refund our books may disagree with, the same way.
@@ -136,7 +190,8 @@ impl Reconciler {
         .bind(&r.refund_id)
         .execute(&mut *tx)
         .await?;
-        count_refunded(&mut tx, payment_id, amount).await?;
+        // The row is locked (FOR UPDATE above): counted from the refunds.
+        crate::refunded::recount(&mut tx, payment_id).await?;
         let issued = contracts::RefundIssued {
             order_id,
             payment_id,
@@ -150,8 +205,8 @@ impl Reconciler {
     }
 }
 
-/// `amount` more of the payment is refunded or on its way back: the guard
-/// against refunding more than was captured counts it.
+/// `amount` more of a failed payment is on its way back (a repair's refund
+/// of a late charge): the guard against refunding more counts it.
 async fn count_refunded(tx: &mut TenantTx, payment_id: i64, amount: i64) -> Result<()> {
     sqlx::query(
         "UPDATE payments SET refunded_cents = least(amount_cents, refunded_cents + $3), updated_at = now()

@@ -9,7 +9,7 @@ use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
 use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
-use crate::provider::{ChargeReply, ChargeState, RefundReply, Reply};
+use crate::provider::{ChargeReply, ChargeState, RefundReply, Reply, refused_because};
 
 #[derive(sqlx::FromRow)]
 struct Refund {
@@ -22,6 +22,15 @@ struct Refund {
     traceparent: Option<String>,
 }
 
+/// A final failure of a kind the provider's answer alone decides.
+fn failed(reason: &'static str, why: &str) -> Outcome {
+    Outcome::Failed {
+        why: why.to_owned(),
+        by_key_not_found: false,
+        reason,
+    }
+}
+
 /// What one attempt learned.
 enum Outcome {
     Succeeded(String),
@@ -31,6 +40,8 @@ enum Outcome {
     Failed {
         why: String,
         by_key_not_found: bool,
+        /// The label of `payments_refunds_failed_total`.
+        reason: &'static str,
     },
     /// This request's outcome is unknown.
     Unknown(String),
@@ -89,6 +100,12 @@ impl Worker {
         let reply: Reply<RefundReply> = self.psp.post("/refunds", &key, body).await;
         let outcome = match reply {
             Reply::Done(done) if done.status == "succeeded" => Outcome::Succeeded(done.refund_id),
+            // A provider that fails refunds after accepting them answers
+            // the same failed refund under our key on every try: final.
+            Reply::Done(done) if done.status == "failed" => failed(
+                "failed_at_provider",
+                "the provider failed the refund it had accepted",
+            ),
             Reply::Done(RefundReply { status, .. }) | Reply::Retry(status) => {
                 Outcome::Unknown(status)
             }
@@ -107,6 +124,12 @@ impl Worker {
                 Reply::Done(Some(done)) if done.status == "succeeded" => {
                     return Outcome::Succeeded(done.refund_id);
                 }
+                Reply::Done(Some(done)) if done.status == "failed" => {
+                    return failed(
+                        "failed_at_provider",
+                        "the provider failed the refund it had accepted",
+                    );
+                }
                 Reply::Done(Some(RefundReply { status, .. })) => return Outcome::InDoubt(status),
                 Reply::Done(None) => {}
                 Reply::Refused(l) | Reply::Retry(l) => {
@@ -118,6 +141,7 @@ impl Worker {
             return Outcome::Failed {
                 why: e,
                 by_key_not_found: false,
+                reason: "refused",
             };
         };
         // A refund by the charge's key: a charge still pending, or one that
@@ -127,12 +151,19 @@ impl Worker {
                 ChargeState::Failed(status) => Outcome::Failed {
                     why: format!("{e}; the charge is {status}"),
                     by_key_not_found: false,
+                    reason: "charge_failed",
                 },
+                // Nothing under our key, and a captured charge with no
+                // room left for it: no try will ever fit.
+                ChargeState::Captured(_) if refused_because(&e, "amount_exceeds_charge") => {
+                    failed("no_room_left", &e)
+                }
                 ChargeState::Captured(_) | ChargeState::Open(_) => Outcome::InDoubt(e),
             },
             Reply::Done(None) => Outcome::Failed {
                 why: format!("{e}; nothing charged under {charge_key}"),
                 by_key_not_found: true,
+                reason: "nothing_charged",
             },
             Reply::Refused(l) | Reply::Retry(l) => {
                 Outcome::InDoubt(format!("{e}; charge look-up by key: {l}"))
@@ -183,19 +214,17 @@ impl Worker {
             Outcome::Failed {
                 why,
                 by_key_not_found,
+                reason,
             } => {
+                crate::refunded::lock(&mut tx, r.payment_id).await?;
                 let failed = sqlx::query(
-                    "WITH failed AS (
-                        UPDATE refunds r SET status = 'failed', last_error = $2,
-                               answered_attempts = greatest(answered_attempts, $3), updated_at = now()
-                        WHERE r.refund_id = $1 AND r.status = 'pending' AND r.attempts = $3
-                          AND (r.doubt_sent_at IS NULL OR r.doubt_sent_at < now() - make_interval(secs => $5))
-                          AND NOT ($4 AND EXISTS (
-                              SELECT 1 FROM payments p WHERE p.payment_id = r.payment_id
-                              AND p.doubt_sent_at >= now() - make_interval(secs => $5)))
-                        RETURNING payment_id, amount_cents)
-                     UPDATE payments p SET refunded_cents = p.refunded_cents - failed.amount_cents
-                     FROM failed WHERE p.payment_id = failed.payment_id",
+                    "UPDATE refunds r SET status = 'failed', last_error = $2,
+                            answered_attempts = greatest(answered_attempts, $3), updated_at = now()
+                     WHERE r.refund_id = $1 AND r.status = 'pending' AND r.attempts = $3
+                       AND (r.doubt_sent_at IS NULL OR r.doubt_sent_at < now() - make_interval(secs => $5))
+                       AND NOT ($4 AND EXISTS (
+                           SELECT 1 FROM payments p WHERE p.payment_id = r.payment_id
+                           AND p.doubt_sent_at >= now() - make_interval(secs => $5)))",
                 )
                 .bind(refund_id)
                 .bind(&why)
@@ -205,6 +234,10 @@ impl Worker {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
+                if failed == 1 {
+                    crate::refunded::recount(&mut tx, r.payment_id).await?;
+                    metrics::counter!(super::REFUNDS_FAILED, "reason" => reason).increment(1);
+                }
                 (failed == 0).then_some((false, why))
             }
             Outcome::Unknown(why) => Some((true, why)),

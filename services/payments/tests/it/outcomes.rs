@@ -253,3 +253,62 @@ async fn a_temporary_table_named_payments_changes_nothing_for_the_claim() {
     conn.detach();
     db.cleanup().await;
 }
+
+/// Refunds that can never succeed end, where they were retried every
+/// 30 s for good and kept their amount reserved (issue 43): one the
+/// provider took and then failed (its 2xx says `failed`, on every try
+/// under the key), and one by the charge's key that a captured charge has
+/// no room left for.
+#[tokio::test]
+async fn a_refund_that_can_never_succeed_ends_failed_and_gives_its_amount_back() {
+    let app = TestApp::spawn().await;
+    let worker = app.worker(FailPoints::none());
+    app.reserve(1, 1, "c-1", 500).await;
+    worker.process_due().await.unwrap();
+    let (payment, status, _) = app.payment(1).await;
+    assert_eq!(status, "captured");
+    let refund = |key: &'static str, amount: i64| {
+        let body = serde_json::json!({"payment_id": payment, "amount_cents": amount}).to_string();
+        let api = &app.api;
+        async move { api.post(1, "/refunds", key, &body).await.0 }
+    };
+    let statuses = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT status FROM refunds WHERE payment_id = $1 ORDER BY refund_id",
+        )
+        .bind(payment)
+        .fetch_all(&app.db.owner)
+        .await
+        .unwrap()
+    };
+
+    app.psp.set_faults(Faults {
+        refund_fail_next: 1,
+        ..Faults::default()
+    });
+    assert_eq!(refund("r-1", 200).await, 201);
+    worker.process_due().await.unwrap();
+    assert_eq!(statuses().await, ["failed"], "a refund the provider failed");
+    assert_eq!(app.payment(1).await.2, 0, "its amount is given back");
+
+    // 300 refunded; then a refund by the charge's key of 400, counted in
+    // our books, which the charge has no room for.
+    assert_eq!(refund("r-2", 300).await, 201);
+    worker.process_due().await.unwrap();
+    sqlx::query(
+        "WITH r AS (INSERT INTO refunds (tenant_id, payment_id, amount_cents, charge_key)
+                    VALUES (1, $1, 400, $2) RETURNING amount_cents)
+         UPDATE payments SET refunded_cents = least(amount_cents, refunded_cents + (SELECT amount_cents FROM r))
+         WHERE payment_id = $1",
+    )
+    .bind(payment)
+    .bind(format!("pay-1-{payment}"))
+    .execute(&app.db.owner)
+    .await
+    .unwrap();
+    worker.process_due().await.unwrap();
+    let all = statuses().await;
+    assert_eq!(all.last().map(String::as_str), Some("failed"), "{all:?}");
+    assert_eq!(app.payment(1).await.2, 300, "the books follow the refunds");
+    app.stop().await;
+}

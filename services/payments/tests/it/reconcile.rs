@@ -179,3 +179,83 @@ async fn reconciliation_refunds_a_late_charge_corrects_a_refund_and_alerts_on_a_
     assert_eq!(refunds().await, before);
     app.stop().await;
 }
+
+/// Our refunded amount is the provider's, whatever the schedule
+/// (issue 43): a refund marked failed while the provider made it, a second
+/// refund reserved meanwhile, reconciliation counting the first again,
+/// then the second refused by the provider for lack of room. Counted by
+/// increments, capped at the amount, the books ended at 100 of the 300
+/// the provider refunded.
+#[tokio::test]
+async fn the_refunded_amount_follows_the_providers_through_a_repair_and_a_refused_refund() {
+    let app = TestApp::spawn().await;
+    let worker = app.worker(FailPoints::none());
+    let reconciler = Reconciler::new(
+        app.db.owner.clone(),
+        Psp::new(&app.psp_url, Duration::from_secs(5)),
+        Duration::from_secs(3600),
+    );
+    app.reserve(1, 1, "c-1", 500).await;
+    worker.process_due().await.unwrap();
+    let (payment, status, _) = app.payment(1).await;
+    assert_eq!(status, "captured");
+    let refund = |key: &'static str, amount: i64| {
+        let body = serde_json::json!({"payment_id": payment, "amount_cents": amount}).to_string();
+        let api = &app.api;
+        async move { api.post(1, "/refunds", key, &body).await.0 }
+    };
+
+    // 300 refunded at the provider; our books say it failed, as the
+    // worker writes a failure (the amount given back).
+    assert_eq!(refund("r-1", 300).await, 201);
+    worker.process_due().await.unwrap();
+    sqlx::query(
+        "WITH f AS (UPDATE refunds SET status = 'failed' WHERE payment_id = $1 RETURNING amount_cents)
+         UPDATE payments SET refunded_cents = refunded_cents - (SELECT sum(amount_cents) FROM f)
+         WHERE payment_id = $1",
+    )
+    .bind(payment)
+    .execute(&app.db.owner)
+    .await
+    .unwrap();
+    // A second refund of 400 fits our books (0 of 500 refunded) and is reserved.
+    assert_eq!(refund("r-2", 400).await, 201);
+    // Reconciliation finds the first made at the provider and counts it again.
+    let report = reconciler.run_once(true).await.unwrap();
+    assert_eq!(kinds(&report), [("refund_marked_failed", true)]);
+    // The provider refuses the second: 200 left of the charge.
+    worker.process_due().await.unwrap();
+    let statuses: Vec<String> = sqlx::query_scalar(
+        "SELECT status FROM refunds WHERE payment_id = $1 ORDER BY amount_cents",
+    )
+    .bind(payment)
+    .fetch_all(&app.db.owner)
+    .await
+    .unwrap();
+    assert_eq!(statuses, ["succeeded", "failed"]);
+
+    let key = format!("pay-1-{payment}");
+    let refunded_at_provider = 500 - net(&app, &key);
+    assert_eq!(refunded_at_provider, 300);
+    assert_eq!(
+        app.payment(1).await.2,
+        refunded_at_provider,
+        "refunded_cents is not what the provider refunded"
+    );
+    let after = reconciler.run_once(false).await.unwrap();
+    assert!(after.mismatches.is_empty(), "{:?}", kinds(&after));
+
+    // Drift in the books alone (an operator's UPDATE) is reported, then
+    // counted again from the refunds.
+    sqlx::query("UPDATE payments SET refunded_cents = 123 WHERE payment_id = $1")
+        .bind(payment)
+        .execute(&app.db.owner)
+        .await
+        .unwrap();
+    let dry = reconciler.run_once(false).await.unwrap();
+    assert_eq!(kinds(&dry), [("refunded_amount_drift", false)]);
+    let mended = reconciler.run_once(true).await.unwrap();
+    assert_eq!(kinds(&mended), [("refunded_amount_drift", true)]);
+    assert_eq!(app.payment(1).await.2, 300);
+    app.stop().await;
+}
