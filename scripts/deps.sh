@@ -55,6 +55,13 @@ fi
 as_postgres() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi
 }
+# Asks before anything the user may not want undone; no terminal, no.
+confirm() {
+  [ -t 0 ] || return 1
+  local answer
+  read -r -p "$1 [y/N] " answer
+  [[ $answer == [yY]* ]]
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -149,6 +156,13 @@ if psql "postgres://postgres@$PG_HOST:$PG_PORT/postgres" -Atqc 'SELECT 1' >/dev/
   say "PostgreSQL: the superuser logs in over TCP without a password; nothing to set"
 elif [ -f .env ] && grep -q '^ADMIN_DATABASE_URL=' .env; then
   say "PostgreSQL: asks for a password; .env has them already"
+elif [ "$(as_postgres psql -p "$PG_PORT" -Atqc "SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = 'postgres'" 2>/dev/null)" = t ] \
+  && ! confirm "PostgreSQL's superuser postgres has a password already, which .env does not hold. Replace it with a new one (other clients that use it will need the new one)?"; then
+  say "PostgreSQL: asks for a password; the superuser's is kept"
+  echo "   put yours in .env and run make deps again:" >&2
+  echo "   ADMIN_DATABASE_URL=postgres://postgres:PASSWORD@$PG_HOST:$PG_PORT/postgres" >&2
+  echo "   DATABASE_URL=postgres://postgres:PASSWORD@$PG_HOST:$PG_PORT/postgres" >&2
+  exit 1
 else
   say "PostgreSQL: asks for a password (scram); setting passwords and writing .env"
   admin_pw=$(openssl rand -hex 16)

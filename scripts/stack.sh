@@ -138,6 +138,9 @@ up() {
   done
   local token
   token=$("$(bin reliability)" token --tenant 1)
+  # The CLI logs in as the stack does: with .env's passwords, where there are some.
+  local operator="$(bin reliability) status"
+  if [[ -f .env ]]; then operator="(set -a; . ./.env; $operator)"; fi
   cat <<MSG
 
 The stack is up.
@@ -148,7 +151,7 @@ The stack is up.
   graph       http://127.0.0.1:8085   (GET /graph/orders/{id}, GET /graph/products/{sku}/co-purchased|open-orders)
   psp-sim     http://127.0.0.1:8090   (GET /control/charges)
   metrics     http://127.0.0.1:1108{1,2,3,4,5}/metrics   (ops ports, loopback only: OPS_BIND_ADDRESS)
-  operator    $(bin reliability) status   (what is stuck, per service and queue)
+  operator    $operator   (what is stuck, per service and queue)
   traces      ${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-${OTEL_EXPORTER_OTLP_ENDPOINT:-off (set OTEL_EXPORTER_OTLP_ENDPOINT to export spans)}}
   logs        make logs   ($RUN/logs/)
 
