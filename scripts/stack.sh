@@ -110,6 +110,16 @@ up() {
     features=(--features reliability/otel)
   fi
   if [[ $PROFILE == release ]]; then cargo build --release --locked --bins "${features[@]}"; else cargo build --locked --bins "${features[@]}"; fi
+  # Said before anything starts: pools past the server's limit fail later,
+  # one process at a time, with "too many connections".
+  local budget
+  if budget=$(ADMIN_DATABASE_URL=$ADMIN_DATABASE_URL scripts/pool-budget.sh 2>/dev/null); then
+    read -r server stack <<<"$budget"
+    if (( server < stack )); then
+      echo "warning: PostgreSQL takes $server connections; the stack's pools can hold $stack under load" >&2
+      echo "         (raise max_connections, or set DB_POOL_SIZE lower in .env; make doctor)" >&2
+    fi
+  fi
   echo "== roles and databases"
   # shellcheck disable=SC2046
   "$(bin reliability)" setup --admin-url "$ADMIN_DATABASE_URL" $(databases)
