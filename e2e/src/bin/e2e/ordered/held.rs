@@ -1,7 +1,7 @@
 //! An aggregate's lock held past `lock_timeout` under load (ADR 0034):
 //! an operator's session (or any slow transaction) holds the advisory lock
 //! the projection's ordered history consumer takes for five orders, for
-//! 25 s, while their later events arrive and reads go on. No session is
+//! 15 s, while their later events arrive and reads go on. No session is
 //! left in an aborted transaction, no read answers 5xx, nothing is parked,
 //! and the held orders complete once the lock is released (the checker).
 
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::run::{LAYOUT, Outcome, Run};
 
-/// Longer than the runtime role's `lock_timeout` (5 s) five times over.
-const HOLD: Duration = Duration::from_secs(25);
+/// Longer than the runtime role's `lock_timeout` (5 s) three times over.
+const HOLD: Duration = Duration::from_secs(15);
 
 pub(crate) async fn lock_held(run: &mut Run, tenant: i64) -> Outcome {
     let sku = format!("SKU-{tenant}");
