@@ -89,6 +89,15 @@ impl Key {
         }
     }
 
+    /// The key just before this one in its tenant: a walk after it starts
+    /// at this one (saturating: no id makes it overflow).
+    pub fn before(self) -> Key {
+        Key {
+            order_id: self.order_id.saturating_sub(1),
+            ..self
+        }
+    }
+
     /// Past every key: the end of a walk.
     pub const END: Key = Key {
         tenant_id: i64::MAX,

@@ -145,10 +145,7 @@ pub(crate) fn assemble(
 
 /// What the sources say of one order now (None: no such order).
 pub async fn order(sources: &Sources, key: Key, grace_secs: f64) -> Result<Option<Order>> {
-    let before = Key {
-        order_id: key.order_id - 1,
-        ..key
-    };
+    let before = key.before();
     Ok(orders_after(sources, before, 1, grace_secs)
         .await?
         .into_iter()

@@ -71,10 +71,7 @@ impl Floors {
 /// `key`'s facts, each source's read in one snapshot of its own (None: no
 /// such order).
 pub async fn snapshot(sources: &Sources, key: Key) -> Result<Option<Snapshot>> {
-    let before = Key {
-        order_id: key.order_id - 1,
-        ..key
-    };
+    let before = key.before();
     Ok(chunk(sources, before, 1, Floors::NONE)
         .await?
         .into_iter()

@@ -12,7 +12,8 @@ use sqlx::PgPool;
 
 use crate::GraphSettings;
 use crate::apply::Edges;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
+use crate::verify::repair::upstream;
 
 /// The live consumer's name: the checkpoints are its.
 pub const CONSUMER: &str = contracts::topology::GRAPH_EDGES.consumer;
@@ -51,17 +52,14 @@ pub async fn build_fresh(
         &format!("{}.rebuild", graph.graph_name),
     ));
     // An interrupted rebuild's leftovers.
-    fresh.delete().await.map_err(store_error)?;
+    fresh.delete().await.map_err(upstream)?;
     let replayed = replay(&fresh, sources).await?;
     Ok((fresh, replayed))
 }
 
 /// Step 2: the fresh graph in the live one's place, in one step.
 pub async fn swap(fresh: &Store, graph: &GraphSettings) -> reliability::Result<()> {
-    fresh
-        .replace(&graph.graph_name)
-        .await
-        .map_err(store_error)?;
+    fresh.replace(&graph.graph_name).await.map_err(upstream)?;
     tracing::info!(graph = %graph.graph_name, "rebuilt graph in place; catching up");
     Ok(())
 }
@@ -84,14 +82,15 @@ async fn replay(
     store: &Arc<Store>,
     sources: &[(String, PgPool)],
 ) -> reliability::Result<Vec<Replayed>> {
-    let into = Consumer::with_sink(
+    replayer(store)?.replay(sources).await
+}
+
+/// The live consumer's statements into `store`, for a replay (its
+/// checkpoints are the live consumer's: what it applied is a duplicate).
+pub(crate) fn replayer(store: &Arc<Store>) -> reliability::Result<Consumer<Edges>> {
+    Consumer::with_sink(
         "",
         ConsumerConfig::new(CONSUMER, "", &[]),
         Edges::new(store.clone(), CONSUMER),
-    )?;
-    into.replay(sources).await
-}
-
-fn store_error(e: StoreError) -> reliability::Error {
-    reliability::Error::Upstream(e.to_string())
+    )
 }

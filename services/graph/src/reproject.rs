@@ -29,14 +29,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use reliability::consumer::{Consumer, ConsumerConfig, Replayed};
+use reliability::consumer::Replayed;
 use serde_json::json;
 use sources::{Floors, Key, Sources};
 use sqlx::PgPool;
 
 use crate::GraphSettings;
-use crate::apply::Edges;
-use crate::rebuild::{CONSUMER, swap};
+use crate::rebuild::{replayer, swap};
 use crate::store::{Params, Store};
 use crate::verify::repair::{STOCK_PART, recount_all, tenant_of, upstream, write, write_order};
 
@@ -177,11 +176,7 @@ async fn replay_tail(
     from: Floors,
     to: Floors,
 ) -> reliability::Result<Vec<Replayed>> {
-    let into = Consumer::with_sink(
-        "",
-        ConsumerConfig::new(CONSUMER, "", &[]),
-        Edges::new(store.clone(), CONSUMER),
-    )?;
-    into.replay_between(history, |source| (from.of(source).max(0), to.of(source)))
+    replayer(store)?
+        .replay_between(history, |source| (from.of(source).max(0), to.of(source)))
         .await
 }

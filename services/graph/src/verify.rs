@@ -190,7 +190,7 @@ impl Verifier {
         Ok(shape::between(
             &self.store,
             repair::tenant_of(key.tenant_id)?,
-            key.order_id - 1,
+            key.before().order_id,
             key.order_id,
         )
         .await

@@ -139,7 +139,7 @@ const RECOUNT_ALL: [Cypher; 2] = [
 /// parts were written (a part the live consumer is ahead of is left).
 pub async fn order(store: &Store, sources: &Sources, key: Key) -> reliability::Result<usize> {
     let tenant = tenant_of(key.tenant_id)?;
-    let before = shape::between(store, tenant, key.order_id - 1, key.order_id)
+    let before = shape::between(store, tenant, key.before().order_id, key.order_id)
         .await
         .map_err(upstream)?
         .remove(&key.order_id)

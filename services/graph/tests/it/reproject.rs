@@ -120,10 +120,14 @@ async fn the_floor_waits_for_a_transaction_that_took_an_id_before_it() {
     assert!(err.to_string().contains("still open"), "{err}");
 
     let pool = db.owner.clone();
-    let floor = tokio::spawn(async move { sources::floor(&pool, Duration::from_secs(20)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut floor =
+        tokio::spawn(async move { sources::floor(&pool, Duration::from_secs(20)).await });
+    // A bounded wait for what must not happen: the floor ending while the
+    // transaction that took an id below it is open.
     assert!(
-        !floor.is_finished(),
+        tokio::time::timeout(Duration::from_millis(300), &mut floor)
+            .await
+            .is_err(),
         "the floor did not wait for the open transaction"
     );
     open.commit().await.unwrap();

@@ -110,6 +110,12 @@ impl TestApp {
         consumer.apply(&e).await.unwrap();
     }
 
+    /// `POST /refunds` of `amount` of tenant 1's `payment` under `key`: its status.
+    pub async fn refund(&self, payment: i64, key: &str, amount: i64) -> u16 {
+        let body = serde_json::json!({"payment_id": payment, "amount_cents": amount}).to_string();
+        self.api.post(1, "/refunds", key, &body).await.0
+    }
+
     /// (payment_id, status, refunded_cents) of an order's payment, as the owner.
     pub async fn payment(&self, order_id: i64) -> (i64, String, i64) {
         sqlx::query_as(

@@ -267,11 +267,6 @@ async fn a_refund_that_can_never_succeed_ends_failed_and_gives_its_amount_back()
     worker.process_due().await.unwrap();
     let (payment, status, _) = app.payment(1).await;
     assert_eq!(status, "captured");
-    let refund = |key: &'static str, amount: i64| {
-        let body = serde_json::json!({"payment_id": payment, "amount_cents": amount}).to_string();
-        let api = &app.api;
-        async move { api.post(1, "/refunds", key, &body).await.0 }
-    };
     let statuses = || async {
         sqlx::query_scalar::<_, String>(
             "SELECT status FROM refunds WHERE payment_id = $1 ORDER BY refund_id",
@@ -286,14 +281,14 @@ async fn a_refund_that_can_never_succeed_ends_failed_and_gives_its_amount_back()
         refund_fail_next: 1,
         ..Faults::default()
     });
-    assert_eq!(refund("r-1", 200).await, 201);
+    assert_eq!(app.refund(payment, "r-1", 200).await, 201);
     worker.process_due().await.unwrap();
     assert_eq!(statuses().await, ["failed"], "a refund the provider failed");
     assert_eq!(app.payment(1).await.2, 0, "its amount is given back");
 
     // 300 refunded; then a refund by the charge's key of 400, counted in
     // our books, which the charge has no room for.
-    assert_eq!(refund("r-2", 300).await, 201);
+    assert_eq!(app.refund(payment, "r-2", 300).await, 201);
     worker.process_due().await.unwrap();
     sqlx::query(
         "WITH r AS (INSERT INTO refunds (tenant_id, payment_id, amount_cents, charge_key)

@@ -199,15 +199,10 @@ async fn the_refunded_amount_follows_the_providers_through_a_repair_and_a_refuse
     worker.process_due().await.unwrap();
     let (payment, status, _) = app.payment(1).await;
     assert_eq!(status, "captured");
-    let refund = |key: &'static str, amount: i64| {
-        let body = serde_json::json!({"payment_id": payment, "amount_cents": amount}).to_string();
-        let api = &app.api;
-        async move { api.post(1, "/refunds", key, &body).await.0 }
-    };
 
     // 300 refunded at the provider; our books say it failed, as the
     // worker writes a failure (the amount given back).
-    assert_eq!(refund("r-1", 300).await, 201);
+    assert_eq!(app.refund(payment, "r-1", 300).await, 201);
     worker.process_due().await.unwrap();
     sqlx::query(
         "WITH f AS (UPDATE refunds SET status = 'failed' WHERE payment_id = $1 RETURNING amount_cents)
@@ -219,7 +214,7 @@ async fn the_refunded_amount_follows_the_providers_through_a_repair_and_a_refuse
     .await
     .unwrap();
     // A second refund of 400 fits our books (0 of 500 refunded) and is reserved.
-    assert_eq!(refund("r-2", 400).await, 201);
+    assert_eq!(app.refund(payment, "r-2", 400).await, 201);
     // Reconciliation finds the first made at the provider and counts it again.
     let report = reconciler.run_once(true).await.unwrap();
     assert_eq!(kinds(&report), [("refund_marked_failed", true)]);
