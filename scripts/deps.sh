@@ -4,7 +4,8 @@
 # sudo (or as root, or through sudo: the user's parts then go to $SUDO_USER):
 #   1. the packages that are missing (nothing is installed twice), via sudo;
 #   2. for the user: rustup's stable toolchain when cargo is absent or older
-#      than 1.94 (Debian's packaged rustc is far older), and cargo-nextest;
+#      than 1.94 (Debian's packaged rustc is far older), and cargo-nextest
+#      unless DEPS_FOR=up (./dev up: only the tests need it);
 #   3. PostgreSQL and RabbitMQ started if they are not running (no systemd
 #      needed), and their versions checked: PostgreSQL 15 or newer, RabbitMQ
 #      3.10 or newer (quorum queues' at-least-once dead-lettering);
@@ -77,9 +78,9 @@ else
 fi
 
 # Rust and cargo-nextest, for the user.
-as_user bash -s "$MIN_RUST" <<'RUST'
+as_user bash -s "$MIN_RUST" "${DEPS_FOR:-test}" <<'RUST'
 set -euo pipefail
-min=$1
+min=$1 deps_for=$2
 say() { printf '== %s\n' "$*"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
@@ -98,6 +99,8 @@ fi
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt 2>/dev/null || true
 if has cargo-nextest; then
   say "cargo-nextest: $(cargo nextest --version | head -1)"
+elif [ "$deps_for" = up ]; then
+  say "cargo-nextest: not needed to run the stack (./dev test builds it)"
 else
   say "cargo-nextest: building it for $(id -un) (cargo install, a few minutes)"
   cargo install cargo-nextest --locked --quiet

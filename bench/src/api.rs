@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use reliability::TenantId;
-use reliability::service::{CommonSettings, Databases, Role, ShutdownToken};
-use reliability::testing::{TestDb, database_url, unique};
 use serde_json::json;
+use service_kit::service::{CommonSettings, Databases, Role, ShutdownToken};
+use testkit::{TestDb, database_url, unique};
 
 use crate::{Latencies, Sizes, Table, ms, pct};
 
@@ -42,7 +42,7 @@ pub(crate) async fn http(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     common.admission_max_in_flight = 0;
     let jwt = common.jwt_keys();
     let url = db_url(&db.name);
-    let app = reliability::service::start(
+    let app = service_kit::service::start(
         &orders::SERVICE,
         orders::Settings {
             role: Role::Serve,

@@ -12,8 +12,8 @@ use graph::store::Store;
 use reliability::broker::{self, Outgoing, QueueSpec};
 use reliability::consumer::{Consumer, ConsumerConfig, Sink};
 use reliability::outbox::Envelope;
-use reliability::testing::{amqp_url, unique};
 use serde_json::json;
+use testkit::{amqp_url, unique};
 
 use crate::pipeline::{apply_with, outgoing, sliding_window_publish};
 use crate::{Sizes, Table, pct};
@@ -29,7 +29,7 @@ fn events(m: u64) -> Vec<Envelope> {
     let mut ev = |source: &'static str, tenant, aggregate: (&str, i64), t: &str, payload| {
         let id = ids.entry(source).or_insert(0);
         *id += 1;
-        reliability::testing::event(source, *id, tenant, aggregate, t, payload)
+        testkit::event(source, *id, tenant, aggregate, t, payload)
     };
     for order in 1..=i64::try_from(m.div_ceil(4)).unwrap_or(1) {
         let tenant = 1 + order % 4;
@@ -136,7 +136,7 @@ pub(crate) async fn graph_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()> 
         "issue 26: next to its raw rate",
     ]);
     conn.close(200, "bench done".into()).await?;
-    reliability::testing::delete_broker_objects(std::slice::from_ref(&spec.queue), &exchange).await;
+    testkit::delete_broker_objects(std::slice::from_ref(&spec.queue), &exchange).await;
     raw.delete().await?;
     live.delete().await?;
     Ok(())

@@ -5,8 +5,8 @@
 use reliability::broker::{self, Outgoing, QueueSpec};
 use reliability::consumer::ConsumerConfig;
 use reliability::outbox::Envelope;
-use reliability::testing::{TestDb, amqp_url, unique};
 use serde_json::{Value, json};
+use testkit::{TestDb, amqp_url, unique};
 
 use crate::pipeline::{STATE_SQL, apply_all, outgoing, sliding_window_publish};
 use crate::{Sizes, Table, pct};
@@ -128,7 +128,7 @@ pub(crate) async fn ordered_apply(s: &Sizes, t: &mut Table) -> anyhow::Result<()
     conn.close(200, "bench done".into()).await?;
     let mut queues = ordered.queues();
     queues.extend([ordered.queue.clone(), free.queue.clone()]);
-    reliability::testing::delete_broker_objects(&queues, &exchange).await;
+    testkit::delete_broker_objects(&queues, &exchange).await;
     db.cleanup().await;
     Ok(())
 }

@@ -14,8 +14,8 @@ use reliability::broker::{self, Outgoing};
 use reliability::consumer::{Apply, Consumer, ConsumerConfig, Handler, HandlerError};
 use reliability::outbox::Envelope;
 use reliability::relay::{Relay, RelayConfig};
-use reliability::testing::{TestDb, amqp_url, unique};
 use serde_json::{Value, json};
+use testkit::{TestDb, amqp_url, unique};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Sizes, Table, cpu_self, pct, rawamqp};
@@ -278,7 +278,7 @@ pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Resu
     drop(messages);
 
     conn.close(200, "bench done".into()).await?;
-    reliability::testing::delete_broker_objects(&[queue], &exchange).await;
+    testkit::delete_broker_objects(&[queue], &exchange).await;
     db.cleanup().await;
     Ok(())
 }

@@ -101,11 +101,8 @@ async fn stack(
     let client = Client::new(layout)?;
     // The cost counters are read from the `postgres` database, so that the
     // reads are not counted among the services' transactions.
-    let admin = reliability::db::pool(
-        std::str::FromStr::from_str(&reliability::testing::database_url())?,
-        1,
-    )
-    .await?;
+    let admin =
+        reliability::db::pool(std::str::FromStr::from_str(&testkit::database_url())?, 1).await?;
     // What the idle stack costs (relays' and the worker's polling), taken
     // off each round.
     tokio::time::sleep(STATS_FLUSH).await;
@@ -227,7 +224,7 @@ async fn stack(
     }
     cluster::drop_databases(layout).await?;
     let queues = cluster::queue_names(&layout.queue_prefix());
-    reliability::testing::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
+    testkit::delete_broker_objects(&queues, &format!("{}.events", layout.name)).await;
     Ok(per_core_second)
 }
 

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use reliability::TenantId;
-use reliability::auth::JwtKeys;
 use serde_json::{Value, json};
+use service_kit::auth::JwtKeys;
 
 use crate::cluster::{Layout, SECRET};
 

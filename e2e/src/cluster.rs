@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use reliability::db;
-use reliability::testing::{amqp_url, database_url};
 use sqlx::postgres::PgConnectOptions;
+use testkit::{amqp_url, database_url};
 
 use crate::check::Dbs;
 pub use crate::client::Client;
@@ -273,7 +273,7 @@ pub async fn launch_built(
             &prefix,
         )
     };
-    reliability::testing::wait_for_queues(&expected).await;
+    testkit::wait_for_queues(&expected).await;
     Ok((cluster, dbs))
 }
 

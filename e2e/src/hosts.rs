@@ -61,7 +61,7 @@ impl Host {
 
     /// Why no host can be made here, if none can.
     pub fn unavailable() -> Option<String> {
-        if !crate::world::is_root() {
+        if !crate::command::is_root() {
             return Some("network namespaces need root".into());
         }
         match Command::new("ip").args(["netns", "list"]).output() {

@@ -6,6 +6,7 @@
 pub mod check;
 pub mod client;
 pub mod cluster;
+mod command;
 pub mod hosts;
 pub mod pooler;
 pub mod procs;
@@ -15,9 +16,9 @@ pub mod world;
 
 use std::time::Duration;
 
-use reliability::service::{self, CommonSettings, Settings, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 use serde_json::{Value, json};
+use service_kit::service::{self, CommonSettings, Settings, ShutdownToken};
+use testkit::{ApiClient, TestDb, unique, wait_until};
 
 pub struct Stack {
     pub orders: ApiClient,
@@ -50,7 +51,7 @@ impl Stack {
     /// services share (e.g. where they export spans).
     pub async fn start_with(settings: impl FnOnce(&mut CommonSettings)) -> anyhow::Result<Self> {
         let stop = ShutdownToken::new();
-        let mut common = reliability::testing::common_settings();
+        let mut common = testkit::common_settings();
         common.exchange = unique("reltest.stack.");
         common.queue_prefix = format!("{}.", common.exchange);
         settings(&mut common);
@@ -143,7 +144,7 @@ impl Stack {
     /// published before a queue can take it).
     async fn wait_until_consuming(&self) {
         let queues = cluster::queues(&self.common.queue_prefix);
-        reliability::testing::wait_for_queues(&queues).await;
+        testkit::wait_for_queues(&queues).await;
     }
 
     pub async fn stock(&self, tenant: i64, sku: &str, units: i64) {
@@ -200,7 +201,7 @@ impl Stack {
     pub async fn stop(self) {
         self.stop.cancel();
         let queues = cluster::queue_names(&self.common.queue_prefix);
-        reliability::testing::delete_broker_objects(&queues, &self.common.exchange).await;
+        testkit::delete_broker_objects(&queues, &self.common.exchange).await;
         let graph = graph::store::Store::new(&graph::test_url(), &self.common.exchange);
         if let Err(e) = graph.delete().await {
             eprintln!("the stack's graph stays behind: {e}");

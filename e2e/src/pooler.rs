@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::world::check;
+use crate::command::check;
 
 /// Server connections per database and role: what every client of the
 /// runtime role in every process shares. A frozen client's transaction

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 /// One process of the stack.
 pub struct Proc {

@@ -13,13 +13,13 @@ mod rabbit;
 
 pub use rabbit::Node;
 
+use crate::command::{blocking, check, is_root, port_free};
 use crate::hosts::{Host, Link};
 use crate::pooler::Pooler;
 use postgres::{Postgres, pg_bindir};
 use rabbit::rabbit_bindir;
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// First port of the world (`E2E_WORLD_PORT`): broker nodes at +1..=3
@@ -44,31 +44,6 @@ pub struct World {
     host: Option<Host>,
     /// PgBouncer in front of PostgreSQL, in the `e2e-pgbouncer` profile.
     pooler: Option<Pooler>,
-}
-
-pub(crate) fn is_root() -> bool {
-    // The euid, without a libc dependency: /proc/self is owned by it.
-    std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-}
-
-fn which_dir(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|path| std::env::split_paths(&path).find(|dir| dir.join(program).is_file()))
-}
-
-pub(crate) fn check(out: std::io::Result<Output>, what: &str) -> anyhow::Result<String> {
-    let out = out.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{what}: {}{}",
-        String::from_utf8_lossy(&out.stderr).trim(),
-        String::from_utf8_lossy(&out.stdout).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-fn port_free(port: u16) -> bool {
-    TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
 impl World {
@@ -284,12 +259,4 @@ impl World {
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
-}
-
-/// Runs a blocking command off the async threads: the traffic of the
-/// scenario keeps flowing while a node boots.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
-) -> anyhow::Result<T> {
-    tokio::task::spawn_blocking(f).await?
 }

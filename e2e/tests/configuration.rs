@@ -11,7 +11,7 @@ use clap::{Args, Command};
 /// Every variable the services' settings read, with its declared default.
 fn declared() -> BTreeMap<String, Option<String>> {
     let commands = [
-        reliability::service::CommonSettings::augment_args(Command::new("common")),
+        service_kit::service::CommonSettings::augment_args(Command::new("common")),
         graph::GraphSettings::augment_args(Command::new("graph")),
         projection::ProjectionSettings::augment_args(Command::new("projection")),
         payments::PspSettings::augment_args(Command::new("payments")),

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::Stack;
-use reliability::testing::wait_until;
 use serde_json::json;
+use testkit::wait_until;
 
 #[tokio::test]
 async fn a_paid_order_is_confirmed_its_stock_committed_and_charged_once_then_refunded_once() {

@@ -59,6 +59,7 @@ fn root() -> &'static Path {
 fn exported() -> Vec<Metric> {
     CATALOGUE
         .iter()
+        .chain(service_kit::metrics::CATALOGUE)
         .chain(payments::worker::METRICS)
         .chain(projection::verify::METRICS)
         .chain(graph::verify::METRICS)

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use e2e::Stack;
+use operator::ops::{self, explain, status};
 use reliability::TenantId;
-use reliability::ops::{self, explain, status};
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 async fn estate(stack: &Stack) -> ops::Estate {
     ops::Estate {
@@ -153,7 +153,7 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
             .unwrap();
     }
     let limits =
-        reliability::admission::AdmissionLimits::parse(1000, "99=2", Duration::ZERO).unwrap();
+        service_kit::admission::AdmissionLimits::parse(1000, "99=2", Duration::ZERO).unwrap();
     let work = [status::WorkInFlight {
         service: "orders",
         table: "orders",

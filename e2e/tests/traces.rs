@@ -249,7 +249,7 @@ async fn a_callers_unsampled_trace_and_its_state_are_kept_and_nothing_of_it_is_e
         .http
         .post(format!("{}/orders", stack.orders.url))
         .bearer_auth(stack.orders.token(8))
-        .header("idempotency-key", reliability::testing::unique("order-"))
+        .header("idempotency-key", testkit::unique("order-"))
         .header("traceparent", format!("00-{theirs}-00f067aa0ba902b7-00"))
         .header("tracestate", "caller=kept,other=1")
         .json(&body)
@@ -308,7 +308,7 @@ async fn a_callers_unsampled_trace_and_its_state_are_kept_and_nothing_of_it_is_e
     .await
     .unwrap();
     let ours = placed.split('-').nth(1).unwrap().to_owned();
-    reliability::testing::wait_until(
+    testkit::wait_until(
         Duration::from_secs(30),
         "the sampled order's projection step exported",
         || async {

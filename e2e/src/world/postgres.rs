@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::{World, blocking, check, which_dir};
+use super::World;
+use crate::command::{blocking, check, which_dir};
 use crate::hosts::{Host, Link};
 
 pub(super) struct Postgres {

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{BOOT, World, blocking, check, which_dir};
+use super::{BOOT, World};
+use crate::command::{blocking, check, which_dir};
 
 pub struct Node {
     pub name: String,

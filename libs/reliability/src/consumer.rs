@@ -49,9 +49,9 @@ pub use replay::Replayed;
 
 /// The ordered subscription's record-and-gate statement and its look-up
 /// of the aggregates it did not advance, for a test of their plans.
-#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub const GATE_SQL: &str = ordered::GATE_SQL;
-#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub const STATE_SQL: &str = ordered::STATE_SQL;
 
 /// Applies one event to a consumer's state inside the given transaction.
@@ -212,6 +212,19 @@ impl ConsumerConfig {
     }
 }
 
+/// A consumer of one subscription: what it applies (`A`, a [`Pg`] handler
+/// or a [`Sink`]) and how. Its methods live beside the step they serve;
+/// this is their map:
+///
+/// | step | methods | file |
+/// | --- | --- | --- |
+/// | build | `new`, `with_sink`, `with_health`, `handler`, `sink`, `stats`, `config` | `consumer/kinds.rs`, here |
+/// | run | `run`: lanes, deliveries, groups, depth looks | `consumer/delivery.rs` |
+/// | apply | `apply`, `apply_one`, `apply_group`: the transaction, its locks, the dedup record | `consumer/apply.rs` |
+/// | settle | `settle`, `dead_letter`: ack, retry, dead letter, worn deliveries | `consumer/settle.rs` |
+/// | order | `is_ordered`, `lane_queues`, `advance`, `park`: the gate | `consumer/ordered.rs` |
+/// | parked | `release_loop`: unparked aggregates replayed in order | `consumer/park.rs` |
+/// | replay | `replay`, `replay_between`: a view rebuilt from history | `consumer/replay.rs` |
 pub struct Consumer<A> {
     amqp_url: String,
     config: ConsumerConfig,

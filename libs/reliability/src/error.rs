@@ -59,7 +59,7 @@ pub enum Error {
     Replay {
         message_id: String,
         #[source]
-        source: Box<crate::consumer::ApplyError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 

@@ -80,15 +80,6 @@ pub const CONSUMER_PARKED: &str = "consumer_parked_events_total";
 pub const CONSUMER_PARKED_AGGREGATES: &str = "consumer_parked_aggregates";
 pub const CONSUMER_PARKED_OLDEST: &str = "consumer_parked_oldest_seconds";
 pub const CONSUMER_EVENT_AGE: &str = "consumer_event_age_seconds";
-pub const IDEMPOTENCY_HITS: &str = "idempotency_cache_hits_total";
-pub const IDEMPOTENCY_MISSES: &str = "idempotency_cache_misses_total";
-pub const IDEMPOTENCY_CONFLICTS: &str = "idempotency_conflicts_total";
-pub const IDEMPOTENCY_IN_FLIGHT: &str = "idempotency_in_flight_total";
-pub const IDEMPOTENCY_CHECK_DURATION: &str = "idempotency_check_duration_seconds";
-pub const HTTP_REQUESTS: &str = "http_requests_total";
-pub const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
-pub const HTTP_RATE_LIMITED: &str = "http_rate_limited_total";
-pub const HTTP_UNAVAILABLE: &str = "http_unavailable_total";
 pub const MAINTENANCE_LAST_SUCCESS: &str = "maintenance_last_success_timestamp_seconds";
 pub const MAINTENANCE_ERRORS: &str = "maintenance_errors_total";
 
@@ -141,18 +132,6 @@ pub const CATALOGUE: &[Metric] = &[
     m(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
     m(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
     m(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
-    m(IDEMPOTENCY_HITS, Counter, &["scope"], "Requests answered from a stored Idempotency-Key response."),
-    m(IDEMPOTENCY_MISSES, Counter, &["scope"], "Requests that claimed a fresh Idempotency-Key."),
-    m(IDEMPOTENCY_CONFLICTS, Counter, &["scope"], "Keys reused with a different request (422)."),
-    m(IDEMPOTENCY_IN_FLIGHT, Counter, &["scope"], "Requests refused because the same key was still being processed (409)."),
-    m(IDEMPOTENCY_CHECK_DURATION, Histogram, &["scope"], "Time to claim or replay an Idempotency-Key."),
-    m(HTTP_REQUESTS, Counter, &["method", "route", "status"], "HTTP requests, by matched route."),
-    m(HTTP_REQUEST_DURATION, Histogram, &["method", "route"], "HTTP request latency."),
-    m(HTTP_RATE_LIMITED, Counter, &["scope"], "Requests refused by the per-tenant rate limit (429)."),
-    m(HTTP_UNAVAILABLE, Counter, &[], "Requests answered 503 because a dependency was unavailable."),
-    m(crate::admission::ADMITTED, Counter, &[], "Requests a gated route admitted: the tenant was under its bound of work in flight."),
-    m(crate::admission::REFUSED, Counter, &[], "Requests a gated route refused (429 backlog_full): the tenant was at its bound of work in flight."),
-    m(crate::admission::UNKNOWN, Counter, &[], "Requests admitted because the tenant's work in flight could not be counted."),
     m(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
     m(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
 ];

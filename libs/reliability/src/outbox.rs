@@ -6,7 +6,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::consumer::HandlerError;
 use crate::trace::{Kind, Span};
 use crate::{Result, TenantTx};
 
@@ -155,25 +154,17 @@ impl Envelope {
 
     /// The payload as event `T`. A message of another type, of a version
     /// this build does not read, or whose payload does not fit, is a
-    /// permanent failure ([`HandlerError::Decode`]): dead-lettered, never
-    /// retried.
-    pub fn decode<T: contracts::Event>(&self) -> Result<T, HandlerError> {
-        Ok(contracts::decode(
-            &self.event_type,
-            self.event_version,
-            &self.payload,
-        )?)
+    /// permanent failure (a handler's `?` makes it
+    /// `consumer::HandlerError::Decode`): dead-lettered, never retried.
+    pub fn decode<T: contracts::Event>(&self) -> Result<T, contracts::DecodeError> {
+        contracts::decode(&self.event_type, self.event_version, &self.payload)
     }
 
     /// The message as whichever contract event it is, for a handler to
     /// match on; refused like [`Envelope::decode`], and so is a type no
     /// contract names.
-    pub fn event(&self) -> Result<contracts::AnyEvent, HandlerError> {
-        Ok(contracts::AnyEvent::decode(
-            &self.event_type,
-            self.event_version,
-            &self.payload,
-        )?)
+    pub fn event(&self) -> Result<contracts::AnyEvent, contracts::DecodeError> {
+        contracts::AnyEvent::decode(&self.event_type, self.event_version, &self.payload)
     }
 }
 
@@ -261,6 +252,8 @@ mod tests {
                 .decode::<contracts::OrderConfirmed>(),
         ];
         for r in refused {
+            // What a handler's `?` makes of it.
+            let r = r.map_err(HandlerError::from);
             assert!(matches!(r, Err(HandlerError::Decode(_))), "{r:?}");
             assert!(r.unwrap_err().is_permanent());
         }
@@ -274,6 +267,7 @@ mod tests {
             envelope("OrderConfirmed", 2, payload.clone()).event(),
             envelope("NoSuchEvent", 1, payload).event(),
         ] {
+            let r = r.map_err(HandlerError::from);
             assert!(matches!(r, Err(HandlerError::Decode(_))), "{r:?}");
         }
     }

@@ -3,6 +3,9 @@
 
 use tokio_util::sync::CancellationToken;
 
+/// What every long-running part of a process watches to stop.
+pub use tokio_util::sync::CancellationToken as ShutdownToken;
+
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn signal() {
     let ctrl_c = async {

@@ -348,7 +348,7 @@ pub fn wanted_by_env() -> bool {
 
 /// The `tracing` layer that exports the service's own spans, log events
 /// and SQL statements inside each step, as part of its trace; nothing
-/// without the `otel` feature. [`crate::service::init_tracing`] installs it.
+/// without the `otel` feature. `service_kit::service::init_tracing` installs it.
 pub fn layer<S>() -> impl tracing_subscriber::Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use reliability::service::ShutdownToken;
+use reliability::shutdown::ShutdownToken;
 use serde::Serialize;
 
 use crate::Sources;

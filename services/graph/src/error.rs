@@ -1,5 +1,5 @@
 use axum::http::StatusCode;
-use reliability::http::{ApiError, Domain, Failure};
+use service_kit::http::{ApiError, Domain, Failure};
 
 use crate::store::StoreError;
 

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{FromRef, Path, RawQuery, State};
 use reliability::TenantId;
-use reliability::auth::JwtKeys;
-use reliability::service::ApiState;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
+use service_kit::auth::JwtKeys;
+use service_kit::auth::Tenant;
+use service_kit::service::ApiState;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -203,7 +204,7 @@ pub const STATEMENTS: &[Cypher] = &[
     params(("order_id" = String, Path, description = "the order's id")),
     responses((status = 200, description = "the order, its customer, products, payments and refunds (404 until an event of it arrives)", body = Neighbourhood)))]
 async fn get_order(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(state): State<GraphState>,
     Path(order_id): Path<String>,
 ) -> Result<Json<Neighbourhood>, Error> {
@@ -270,9 +271,9 @@ async fn get_order(
 #[utoipa::path(get, path = "/graph/products/{sku}/co-purchased", tag = "graph",
     params(("sku" = String, Path, description = "the product's sku"), Limit),
     responses((status = 200, description = "what the customers who bought it bought too (404 for a product no event named)", body = CoPurchased),
-              (status = 422, description = "`limit` is not a number from 1 to 100, or given twice", body = reliability::http::ErrorBody)))]
+              (status = 422, description = "`limit` is not a number from 1 to 100, or given twice", body = service_kit::http::ErrorBody)))]
 async fn get_co_purchased(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(state): State<GraphState>,
     Path(sku): Path<String>,
     RawQuery(query): RawQuery,
@@ -305,7 +306,7 @@ async fn get_co_purchased(
     params(("sku" = String, Path, description = "the product's sku")),
     responses((status = 200, description = "the orders not yet decided that contain it (404 for a product no event named)", body = OpenOrders)))]
 async fn get_open_orders(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(state): State<GraphState>,
     Path(sku): Path<String>,
 ) -> Result<Json<OpenOrders>, Error> {

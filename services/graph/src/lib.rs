@@ -22,7 +22,7 @@ pub mod verify;
 use std::sync::Arc;
 
 use reliability::consumer::Consumer;
-use reliability::service::{self, Databases, Service, Tasks};
+use service_kit::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Graph};
@@ -71,7 +71,7 @@ const DEFAULT_NAME: &str = "commerce";
 impl Default for GraphSettings {
     /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        reliability::service::defaults()
+        service_kit::service::defaults()
     }
 }
 

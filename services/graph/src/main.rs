@@ -7,12 +7,12 @@ async fn main() -> anyhow::Result<()> {
         let agrees = graph::cli::verify(std::env::args().skip(1)).await?;
         std::process::exit(if agrees { 0 } else { 1 });
     }
-    reliability::service::init_tracing();
+    service_kit::service::init_tracing();
     let settings = Settings::from_env(&SERVICE);
     if !settings.service.rebuild_from.is_empty() {
         let report = graph::rebuild_from(&settings).await?;
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    Ok(reliability::service::run(&SERVICE, settings).await?)
+    Ok(service_kit::service::run(&SERVICE, settings).await?)
 }

@@ -1,5 +1,5 @@
 use axum::http::StatusCode;
-use reliability::http::{ApiError, Domain, Failure};
+use service_kit::http::{ApiError, Domain, Failure};
 
 /// Everything a request or an event can fail with in inventory: the shared
 /// failures (`Invalid` a 422 `invalid_adjustment`, `NotFound`, `Internal`)

@@ -5,12 +5,13 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use contracts::aggregate;
-use reliability::http::read_one;
-use reliability::idempotency::Idempotent;
+use reliability::TenantTx;
 use reliability::outbox::{self, NewEvent};
-use reliability::service::ApiState;
-use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
+use service_kit::auth::Tenant;
+use service_kit::http::read_one;
+use service_kit::idempotency::Idempotent;
+use service_kit::service::ApiState;
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -33,7 +34,7 @@ pub struct Adjustment {
     pub sku: String,
     /// Non-zero, within ±1000000000.
     #[schema(schema_with = delta_schema)]
-    #[serde(deserialize_with = "reliability::http::integer")]
+    #[serde(deserialize_with = "service_kit::http::integer")]
     pub delta: i64,
     /// 1 to 200 characters, none of them control characters.
     #[schema(
@@ -166,7 +167,7 @@ async fn apply_adjustment(
     params(("sku" = String, Path, description = "the product's sku", min_length = 1, max_length = 64, pattern = "^[!-~]+$")),
     responses((status = 200, description = "stock of the product", body = ProductView)))]
 async fn get_product(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Path(sku): Path<String>,
 ) -> Result<Json<ProductView>, Error> {

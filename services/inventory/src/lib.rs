@@ -6,7 +6,7 @@ mod error;
 pub mod http;
 pub mod stock;
 
-use reliability::service::{self, Databases, Service, Tasks};
+use service_kit::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Inventory};

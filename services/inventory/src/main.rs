@@ -1,4 +1,4 @@
 #[tokio::main]
 async fn main() -> reliability::Result<()> {
-    reliability::service::main(&inventory::SERVICE).await
+    service_kit::service::main(&inventory::SERVICE).await
 }

@@ -1,4 +1,4 @@
-use reliability::http::{Domain, Failure};
+use service_kit::http::{Domain, Failure};
 
 /// Everything a request or an event can fail with in orders: the shared
 /// failures, answered with orders' codes (a 422 is `invalid_order`).

@@ -6,12 +6,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
 use contracts::aggregate;
-use reliability::http::read_one;
-use reliability::idempotency::Idempotent;
+use reliability::TenantTx;
 use reliability::outbox::{self, NewEvent};
-use reliability::service::ApiState;
-use reliability::{TenantId, TenantTx};
 use serde::{Deserialize, Serialize};
+use service_kit::auth::Tenant;
+use service_kit::http::read_one;
+use service_kit::idempotency::Idempotent;
+use service_kit::service::ApiState;
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -59,10 +60,10 @@ pub struct PlaceOrderLine {
     #[schema(min_length = 1, max_length = 64, pattern = "^[!-~]+$")]
     pub sku: String,
     #[schema(minimum = 1, maximum = 10000)]
-    #[serde(deserialize_with = "reliability::http::integer")]
+    #[serde(deserialize_with = "service_kit::http::integer")]
     pub quantity: i64,
     #[schema(minimum = 0, maximum = 100000000)]
-    #[serde(deserialize_with = "reliability::http::integer")]
+    #[serde(deserialize_with = "service_kit::http::integer")]
     pub unit_price_cents: i64,
 }
 
@@ -140,7 +141,7 @@ pub async fn place(tx: &mut TenantTx, order: &NewOrder) -> Result<OrderView, Err
     params(("order_id" = String, Path, description = "the order's id")),
     responses((status = 200, description = "the order and its lines", body = OrderView)))]
 async fn get_order(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {

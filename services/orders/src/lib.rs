@@ -11,7 +11,7 @@ mod error;
 pub mod http;
 pub mod saga;
 
-use reliability::service::{self, Databases, Service, Tasks};
+use service_kit::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Orders};

@@ -6,10 +6,11 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use reliability::idempotency::Idempotent;
-use reliability::service::ApiState;
-use reliability::{TenantId, TenantTx};
+use reliability::TenantTx;
 use serde::{Deserialize, Serialize};
+use service_kit::auth::Tenant;
+use service_kit::idempotency::Idempotent;
+use service_kit::service::ApiState;
 use sqlx::PgPool;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -44,7 +45,7 @@ pub struct PaymentsQuery {
 #[utoipa::path(get, path = "/payments", tag = "payments", params(PaymentsQuery),
     responses((status = 200, description = "the tenant's payments (of one order with `order_id`)", body = Vec<PaymentView>)))]
 async fn list_payments(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Query(q): Query<PaymentsQuery>,
 ) -> Result<Json<Vec<PaymentView>>, Error> {
@@ -74,7 +75,7 @@ pub struct RefundRequest {
     #[schema(value_type = i64, minimum = 1)]
     pub payment_id: serde_json::Value,
     #[schema(minimum = 1)]
-    #[serde(deserialize_with = "reliability::http::integer")]
+    #[serde(deserialize_with = "service_kit::http::integer")]
     pub amount_cents: i64,
 }
 
@@ -88,12 +89,12 @@ pub struct RefundView {
 
 #[utoipa::path(post, path = "/refunds", tag = "payments", request_body = RefundRequest,
     responses((status = 201, description = "the refund, pending until the provider confirms it", body = RefundView),
-        (status = 404, description = "no such payment for this tenant", body = reliability::http::ErrorBody)))]
+        (status = 404, description = "no such payment for this tenant", body = service_kit::http::ErrorBody)))]
 async fn create_refund(req: Idempotent<RefundRequest>) -> Response {
     req.answer(StatusCode::CREATED, async |body, tx| {
         // Ids are opaque to clients: a number or a numeric string.
         let payment_id = match &body.payment_id {
-            serde_json::Value::Number(n) => reliability::http::integral(n),
+            serde_json::Value::Number(n) => service_kit::http::integral(n),
             serde_json::Value::String(s) => s.parse().ok(),
             _ => None,
         }

@@ -16,7 +16,7 @@ pub mod worker;
 
 use std::time::Duration;
 
-use reliability::service::{self, Databases, Service, Tasks};
+use service_kit::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Payments};
@@ -76,7 +76,7 @@ pub struct PspSettings {
 impl Default for PspSettings {
     /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        reliability::service::defaults()
+        service_kit::service::defaults()
     }
 }
 

@@ -4,5 +4,5 @@ async fn main() -> reliability::Result<()> {
     if std::env::args().nth(1).as_deref() == Some("reconcile") {
         return payments::cli::reconcile(std::env::args().skip(1)).await;
     }
-    reliability::service::main(&payments::SERVICE).await
+    service_kit::service::main(&payments::SERVICE).await
 }

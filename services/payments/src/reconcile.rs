@@ -169,7 +169,7 @@ impl Reconciler {
 
     /// Runs a pass every `interval` until `shutdown`; a failed pass is
     /// logged and the next one comes on time.
-    pub async fn run(&self, interval: Duration, shutdown: reliability::service::ShutdownToken) {
+    pub async fn run(&self, interval: Duration, shutdown: service_kit::service::ShutdownToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,

@@ -1,4 +1,4 @@
-use reliability::http::{Domain, Failure};
+use service_kit::http::{Domain, Failure};
 
 /// Everything the projection's API can fail with: the shared failures (a
 /// 404 when no event of the order has arrived, or it is another tenant's).

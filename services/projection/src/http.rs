@@ -5,10 +5,10 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
-use reliability::TenantId;
-use reliability::http::read_one;
-use reliability::service::ApiState;
 use serde::Serialize;
+use service_kit::auth::Tenant;
+use service_kit::http::read_one;
+use service_kit::service::ApiState;
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -48,7 +48,7 @@ pub struct EventView {
     params(("order_id" = String, Path, description = "the order's id")),
     responses((status = 200, description = "the order as its events tell it (404 until the first arrives)", body = OrderView)))]
 async fn get_order(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Path(order_id): Path<String>,
 ) -> Result<Json<OrderView>, Error> {
@@ -61,7 +61,7 @@ async fn get_order(
            ("aggregate_id" = String, Path, description = "the order's id or the product's sku")),
     responses((status = 200, description = "the aggregate's events in the order they happened (404 until the first arrives)", body = [crate::history::Entry])))]
 async fn get_history(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Path((aggregate_type, aggregate_id)): Path<(String, String)>,
 ) -> Result<Json<Vec<crate::history::Entry>>, Error> {

@@ -13,7 +13,7 @@ pub mod rebuild;
 pub mod verify;
 pub mod views;
 
-use reliability::service::{self, Databases, Service, ShutdownToken, Tasks};
+use service_kit::service::{self, Databases, Service, ShutdownToken, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Projection};
@@ -47,7 +47,7 @@ pub struct ProjectionSettings {
 impl Default for ProjectionSettings {
     /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        reliability::service::defaults()
+        service_kit::service::defaults()
     }
 }
 

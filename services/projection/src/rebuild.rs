@@ -7,7 +7,7 @@
 //! they recompute a view.
 
 use reliability::consumer::{Consumer, ConsumerConfig};
-use reliability::service::Databases;
+use service_kit::service::Databases;
 use sqlx::PgPool;
 
 use crate::views::{CONSUMER, Views};

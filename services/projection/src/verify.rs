@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use reliability::Result;
 use reliability::metrics::{Kind, Metric};
-use reliability::service::ShutdownToken;
 use serde::Serialize;
+use service_kit::service::ShutdownToken;
 use sqlx::PgPool;
 
 pub use ::sources::{Difference, Key, Sources};

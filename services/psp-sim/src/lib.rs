@@ -28,9 +28,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use reliability::http::ApiError;
-use reliability::service::ShutdownToken;
 use serde::{Deserialize, Serialize};
+use service_kit::http::ApiError;
+use service_kit::service::ShutdownToken;
 use tokio::net::TcpListener;
 
 mod ledger;
@@ -380,7 +380,7 @@ impl Application {
 
     pub async fn run_until_stopped(self, shutdown: ShutdownToken) -> anyhow::Result<()> {
         tracing::info!(port = self.port(), "psp-sim listening");
-        reliability::service::serve(self.listener, router(self.sim), shutdown).await?;
+        service_kit::service::serve(self.listener, router(self.sim), shutdown).await?;
         Ok(())
     }
 }

@@ -3,7 +3,7 @@ use psp_sim::{Application, Settings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    reliability::service::init_tracing();
+    service_kit::service::init_tracing();
     let app = Application::build(Settings::parse()).await?;
     app.run_until_stopped(reliability::shutdown::token()).await
 }

@@ -6,8 +6,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use reliability::http::ApiError;
 use serde::Serialize;
+use service_kit::http::ApiError;
 use std::time::Duration;
 
 use crate::ledger::{ListQuery, Page};

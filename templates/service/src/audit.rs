@@ -4,10 +4,10 @@
 //! event changes (`lock_key`: events of one item take turns), and which
 //! rows it shares with other aggregates (`prepare`: none here).
 
+use reliability::TenantTx;
 use reliability::broker::Subscription;
 use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
-use reliability::TenantTx;
 
 use crate::http::ItemCreated;
 

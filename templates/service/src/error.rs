@@ -1,4 +1,4 @@
-use reliability::http::{Domain, Failure};
+use service_kit::http::{Domain, Failure};
 
 /// Everything a request can fail with in this service: the shared failures
 /// (`Invalid` a 422 `invalid_item`, `NotFound`, `Internal`: a logged 500 or,

@@ -5,12 +5,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use reliability::http::read_one;
-use reliability::idempotency::Idempotent;
 use reliability::outbox::{self, NewEvent};
-use reliability::service::ApiState;
-use reliability::TenantId;
 use serde::{Deserialize, Serialize};
+use service_kit::auth::Tenant;
+use service_kit::http::read_one;
+use service_kit::idempotency::Idempotent;
+use service_kit::service::ApiState;
 use sqlx::PgPool;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -43,7 +43,11 @@ pub fn router(state: ApiState) -> OpenApiRouter {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CreateItem {
     /// 1 to 100 characters, none of them control characters.
-    #[schema(min_length = 1, max_length = 100, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"
+    )]
     pub name: String,
 }
 
@@ -90,7 +94,7 @@ async fn create_item(req: Idempotent<CreateItem>) -> Response {
     params(("item_id" = String, Path, description = "the item's id")),
     responses((status = 200, description = "the item", body = ItemView)))]
 async fn get_item(
-    tenant: TenantId,
+    Tenant(tenant): Tenant,
     State(pool): State<PgPool>,
     Path(item_id): Path<String>,
 ) -> Result<Json<ItemView>, Error> {

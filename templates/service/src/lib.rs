@@ -9,7 +9,7 @@ pub mod audit;
 mod error;
 pub mod http;
 
-use reliability::service::{self, Databases, Service, Tasks};
+use service_kit::service::{self, Databases, Service, Tasks};
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Items};

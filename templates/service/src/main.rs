@@ -1,4 +1,4 @@
 #[tokio::main]
 async fn main() -> reliability::Result<()> {
-    reliability::service::main(&__SERVICE__::SERVICE).await
+    service_kit::service::main(&__SERVICE__::SERVICE).await
 }

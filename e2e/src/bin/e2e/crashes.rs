@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use e2e::check::Dbs;
 use e2e::cluster::Client;
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 use crate::run::{Outcome, Run, Scenario, orders_of, quiesce};
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use e2e::hosts::{Host, Link};
 use e2e::world::World;
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 use crate::run::{Outcome, Run, SKIPPED, Scenario, orders_of, quiesce};
 

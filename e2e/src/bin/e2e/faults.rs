@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions};
 use reliability::broker::{self};
-use reliability::testing::{amqp_url, database_url, wait_until};
 use reliability::{TenantId, TenantTx, db};
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
+use testkit::{amqp_url, database_url, wait_until};
 
 mod poison;
 

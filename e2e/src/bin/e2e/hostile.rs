@@ -5,9 +5,9 @@
 use std::str::FromStr;
 
 use reliability::db;
-use reliability::testing::database_url;
 use serde_json::{Value, json};
 use sqlx::postgres::PgConnectOptions;
+use testkit::database_url;
 
 use crate::run::{Outcome, Run, Scenario, orders_of, quiesce};
 

@@ -18,7 +18,7 @@ use e2e::cluster::{self, Client};
 use e2e::untouched::Untouched;
 use e2e::world::World;
 use futures_util::FutureExt;
-use reliability::testing::amqp_url;
+use testkit::amqp_url;
 
 use report::{Row, report, untouched_row, verified_row};
 use run::{LAYOUT, Run, SKIPPED, Scenario, bin, settle};

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use reliability::testing::wait_until;
 use serde_json::json;
+use testkit::wait_until;
 
 use crate::run::{Outcome, Run, Scenario, quiesce, sim_faults};
 

@@ -13,7 +13,7 @@ use e2e::check::Dbs;
 use e2e::cluster::Client;
 use e2e::procs::Cluster;
 use futures_util::future::join_all;
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 use crate::run::{Outcome, PREFIX, Run, Scenario, bin, quiesce, run_cmd};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e::world::World;
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 use crate::run::{Outcome, Run, Scenario, attempts_spent, orders_of, quiesce};
 

@@ -13,8 +13,8 @@ use e2e::check::{Dbs, Ledger, Verdict};
 use e2e::cluster::{CONSUMERS, Client, Layout};
 use e2e::procs::Cluster;
 use e2e::world::World;
-use reliability::testing::amqp_url;
 use serde_json::Value;
+use testkit::amqp_url;
 
 pub(crate) const PREFIX: &str = "e2e.";
 

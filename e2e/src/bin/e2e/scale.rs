@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use lapin::options::QueueDeleteOptions;
 use reliability::broker;
-use reliability::testing::{amqp_url, wait_until};
 use serde_json::json;
+use testkit::{amqp_url, wait_until};
 
 use crate::run::{Outcome, PREFIX, Run, Scenario, ledger, orders_of, quiesce};
 

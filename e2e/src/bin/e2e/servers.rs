@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reliability::testing::wait_until;
+use testkit::wait_until;
 
 use crate::alarm;
 use crate::run::{Outcome, Run, Scenario, orders_of};

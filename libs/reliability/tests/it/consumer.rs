@@ -8,7 +8,7 @@ use reliability::Error;
 use reliability::broker;
 use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats, Pg};
 use reliability::failpoint::{self, Action};
-use reliability::testing::{TestDb, amqp_url, unique, wait_until};
+use testkit::{TestDb, amqp_url, unique, wait_until};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

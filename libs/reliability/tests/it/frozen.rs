@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use reliability::db::ROLE_BOUNDS;
-use reliability::testing::{TestDb, amqp_url};
+use testkit::{TestDb, amqp_url};
 
 /// The runtime role's idle-in-transaction bound, as `ROLE_BOUNDS` sets it.
 fn app_idle_bound() -> Duration {
@@ -222,7 +222,7 @@ async fn one_classifier_tells_a_dependency_down_from_a_settled_conflict_from_bad
     // scram): our configuration, never a message's fault. Counted as
     // bad data, it dead-lettered every message a consumer took (seen on a
     // stock Debian, whose PostgreSQL asks for passwords).
-    let options = sqlx::postgres::PgConnectOptions::from_str(&reliability::testing::database_url())
+    let options = sqlx::postgres::PgConnectOptions::from_str(&testkit::database_url())
         .unwrap()
         .username("reltest_no_such_role");
     let refused = sqlx::PgConnection::connect_with(&options)

@@ -2,11 +2,8 @@
 //! RabbitMQ (`DATABASE_URL`, `AMQP_URL`). Each test makes its own database
 //! and its own exchange and queues.
 
-mod auth;
-mod cli;
 mod consumer;
 mod frozen;
-mod idempotency;
 mod maintenance;
 mod ordered;
 mod relay;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{Datelike, Months, Utc};
 use reliability::maintenance;
-use reliability::testing::TestDb;
+use testkit::TestDb;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 

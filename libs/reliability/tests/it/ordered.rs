@@ -12,9 +12,9 @@ use reliability::consumer::{self, Consumer, ConsumerConfig, Handler, HandlerErro
 use reliability::failpoint::{self, Action};
 use reliability::outbox::{self, Envelope, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
-use reliability::testing::{TestDb, amqp_url, unique, wait_until};
 use reliability::{TenantTx, broker};
 use serde_json::json;
+use testkit::{TestDb, amqp_url, unique, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{Broker, Rng, tenant};

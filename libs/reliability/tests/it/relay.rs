@@ -8,9 +8,9 @@ use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::{self, Action, FailPoints};
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
-use reliability::testing::{TestDb, amqp_url, wait_until};
 use reliability::{Error, TenantTx};
 use serde_json::json;
+use testkit::{TestDb, amqp_url, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
@@ -127,11 +127,8 @@ async fn a_relay_crash_after_the_confirm_republishes_and_the_consumer_applies_on
     let db = TestDb::new().await;
     create_effects_table(&db).await;
     let broker = Broker::new().await;
-    let consumer_cfg = ConsumerConfig::new(
-        &reliability::testing::unique("reltest.c."),
-        &broker.exchange,
-        &["svc.*"],
-    );
+    let consumer_cfg =
+        ConsumerConfig::new(&testkit::unique("reltest.c."), &broker.exchange, &["svc.*"]);
     let queue = consumer_cfg.queue.queue.clone();
     reliability::broker::declare_queue(&broker.channel, &consumer_cfg.queue)
         .await

@@ -5,8 +5,8 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use reliability::db::{self, scram};
-use reliability::testing::{TestDb, unique};
 use sqlx::Executor;
+use testkit::{TestDb, unique};
 
 const PASSWORD: &str = "correct horse battery staple";
 

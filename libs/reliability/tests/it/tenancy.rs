@@ -2,9 +2,9 @@
 //! forgets its `WHERE tenant_id`.
 
 use reliability::TenantTx;
-use reliability::testing::TestDb;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, SqlSafeStr};
+use testkit::TestDb;
 
 use crate::support::{enqueue_added, tenant};
 

@@ -3,9 +3,9 @@
 
 use std::str::FromStr;
 
-use reliability::testing::database_url;
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use testkit::database_url;
 
 async fn server_cert() -> String {
     let mut admin = PgConnectOptions::from_str(&database_url())

@@ -7,7 +7,7 @@ use lapin::types::FieldTable;
 use reliability::Error;
 use reliability::broker::QueueSpec;
 use reliability::relay::{Relay, RelayConfig};
-use reliability::testing::{TestDb, amqp_url, unique, wait_until};
+use testkit::{TestDb, amqp_url, unique, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{Broker, DEADLINE, enqueue_added};

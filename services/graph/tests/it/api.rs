@@ -6,9 +6,9 @@ use std::sync::Arc;
 use graph::store::Store;
 use graph::{GraphSettings, SERVICE, Settings};
 use reliability::consumer::ConsumerConfig;
-use reliability::service::{Role, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, unique};
 use serde_json::{Value, json};
+use service_kit::service::{Role, ShutdownToken};
+use testkit::{ApiClient, TestDb, unique};
 
 use super::{CONSUMER, commerce, consumer, graph_url, store};
 
@@ -20,7 +20,7 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
         edges.apply(&e).await.unwrap();
     }
     let db = TestDb::with_migrations(&graph::MIGRATIONS).await;
-    let mut common = reliability::testing::common_settings();
+    let mut common = testkit::common_settings();
     common.exchange = unique("reltest.graph.");
     let mut settings = Settings {
         role: Role::Serve,
@@ -31,7 +31,7 @@ async fn spawn() -> (ApiClient, Arc<Store>, TestDb, ShutdownToken) {
         graph_name: store.name().to_owned(),
         ..GraphSettings::default()
     };
-    let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+    let app = testkit::serve(&SERVICE, settings, db.databases()).await;
     (app.api, store, db, app.stop)
 }
 

@@ -10,8 +10,8 @@ use lapin::options::BasicPublishOptions;
 use reliability::broker::{self, QueueSpec};
 use reliability::consumer::{ConsumerConfig, Outcome, Sink};
 use reliability::failpoint::{self, Action, FailPoints};
-use reliability::testing::{amqp_url, delete_broker_objects, race, unique, wait_until};
 use reliability::{Error, TenantId};
+use testkit::{amqp_url, delete_broker_objects, race, unique, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{CONSUMER, commerce, consumer, dump, graph_url, line, placed, store};
@@ -256,7 +256,7 @@ async fn a_products_checkpoint_keeps_a_bounded_window_of_its_history() {
     let store = store();
     let edges = consumer(&store, ConsumerConfig::new(CONSUMER, "", &[]));
     let adjusted = |id: i64, on_hand: i64| {
-        let mut e = reliability::testing::event(
+        let mut e = testkit::event(
             "inventory",
             id,
             1,

@@ -16,9 +16,9 @@ use graph::store::{Cypher, Params, Store};
 use reliability::TenantId;
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::testing::unique;
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use testkit::unique;
 
 /// The FalkorDB server the tests use, started once per test binary if need be.
 pub fn graph_url() -> String {
@@ -35,7 +35,7 @@ pub const CONSUMER: &str = "graph.edges";
 /// A consumer applying into `store` (`amqp` empty: applied by hand).
 pub fn consumer(store: &Arc<Store>, config: ConsumerConfig) -> Consumer<Edges> {
     Consumer::with_sink(
-        &reliability::testing::amqp_url(),
+        &testkit::amqp_url(),
         config,
         Edges::new(store.clone(), CONSUMER),
     )
@@ -45,7 +45,7 @@ pub fn consumer(store: &Arc<Store>, config: ConsumerConfig) -> Consumer<Edges> {
 /// An event at a time of its own, to the microsecond (as its outbox row
 /// keeps it: a rebuild reads it back).
 fn ev(source: &str, id: i64, tenant: i64, agg: (&str, i64), t: &str, payload: Value) -> Envelope {
-    let mut e = reliability::testing::event(source, id, tenant, agg, t, payload);
+    let mut e = testkit::event(source, id, tenant, agg, t, payload);
     e.occurred_at = chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap();
     e
 }

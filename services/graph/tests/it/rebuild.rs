@@ -7,7 +7,7 @@ use graph::GraphSettings;
 use graph::rebuild::{build_fresh, catch_up, swap};
 use graph::store::Store;
 use reliability::consumer::ConsumerConfig;
-use reliability::testing::{TestDb, unique};
+use testkit::{TestDb, unique};
 
 use super::{CONSUMER, commerce, consumer, dump, graph_url, line, placed, record};
 

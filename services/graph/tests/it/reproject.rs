@@ -12,8 +12,8 @@ use graph::store::{Cypher, Params};
 use graph::verify::Verifier;
 use reliability::TenantId;
 use reliability::consumer::{ConsumerConfig, Outcome};
-use reliability::testing::{TestDb, unique};
 use serde_json::json;
+use testkit::{TestDb, unique};
 
 use super::verify::sources;
 use super::{CONSUMER, commerce, consumer, graph_url, line, placed};

@@ -12,10 +12,10 @@ use graph::store::{Cypher, Params, Store};
 use graph::verify::{Report, Verifier};
 use reliability::TenantId;
 use reliability::consumer::{ConsumerConfig, Outcome};
-use reliability::testing::TestDb;
 use serde_json::json;
 use sources::Sources;
 use sqlx::migrate::Migrator;
+use testkit::TestDb;
 
 use super::{CONSUMER, commerce, consumer, record, store};
 
@@ -255,7 +255,7 @@ async fn a_repair_leaves_an_aggregate_the_live_consumer_is_ahead_of() {
     }
     // A cancellation the graph applied and the snapshot does not see (as
     // if it committed after the snapshot was read).
-    let mut cancelled = reliability::testing::event(
+    let mut cancelled = testkit::event(
         "orders",
         100,
         1,

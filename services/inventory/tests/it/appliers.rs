@@ -5,8 +5,8 @@
 use contracts::event;
 use inventory::stock::{CONSUMER, Stock};
 use reliability::outbox::Envelope;
-use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 use serde_json::json;
+use testkit::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 
 const SKUS: [&str; 4] = ["SKU-A", "SKU-B", "SKU-C", "SKU-D"];
 

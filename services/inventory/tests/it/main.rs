@@ -6,8 +6,8 @@ mod appliers;
 mod stock;
 
 use inventory::{SERVICE, Settings};
-use reliability::service::{Role, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, unique};
+use service_kit::service::{Role, ShutdownToken};
+use testkit::{ApiClient, TestDb, unique};
 
 pub struct TestApp {
     pub api: ApiClient,
@@ -18,13 +18,13 @@ pub struct TestApp {
 impl TestApp {
     pub async fn spawn() -> Self {
         let db = TestDb::with_migrations(&inventory::MIGRATIONS).await;
-        let mut common = reliability::testing::common_settings();
+        let mut common = testkit::common_settings();
         common.exchange = unique("reltest.inventory.");
         let settings = Settings {
             role: Role::Serve,
             ..Settings::local(common)
         };
-        let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+        let app = testkit::serve(&SERVICE, settings, db.databases()).await;
         Self {
             api: app.api,
             db,
@@ -32,13 +32,7 @@ impl TestApp {
         }
     }
 
-    pub async fn adjust(
-        &self,
-        tenant: i64,
-        key: &str,
-        sku: &str,
-        delta: i64,
-    ) -> reliability::testing::Answer {
+    pub async fn adjust(&self, tenant: i64, key: &str, sku: &str, delta: i64) -> testkit::Answer {
         let body = serde_json::json!({"sku": sku, "delta": delta, "reason": "test"}).to_string();
         self.api
             .post(tenant, "/stock/adjustments", key, &body)

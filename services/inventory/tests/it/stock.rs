@@ -6,8 +6,8 @@ use contracts::event;
 use inventory::stock::{CONSUMER, Stock};
 use reliability::consumer::{Consumer, ConsumerConfig, Pg};
 use reliability::outbox::Envelope;
-use reliability::testing::amqp_url;
 use serde_json::{Value, json};
+use testkit::amqp_url;
 
 use crate::TestApp;
 

@@ -3,7 +3,7 @@
 //! `Retry-After`; other tenants, reads, and the same tenant once an order
 //! is decided, are served.
 
-use reliability::testing::Answer;
+use testkit::Answer;
 
 use crate::{ORDER, TestApp};
 
@@ -141,7 +141,7 @@ async fn reads_have_a_per_tenant_budget_of_their_own() {
     );
     let (status, _, _): Answer = app.place(1, "k1", ORDER).await;
     assert_eq!(status, 201, "writes have a budget of their own");
-    reliability::testing::wait_until(
+    testkit::wait_until(
         std::time::Duration::from_secs(5),
         "the bucket refilled",
         || async { app.api.get(1, &path).await.0 == 200 },

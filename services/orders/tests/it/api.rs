@@ -265,7 +265,7 @@ async fn the_api_port_answers_probes_and_the_ops_port_the_metrics() {
     );
     assert_eq!(get(format!("{}/metrics", app.ops)).await.0, 200);
     // The process's own gauges and its pools' (the test's app pool: 10).
-    reliability::testing::wait_until(
+    testkit::wait_until(
         std::time::Duration::from_secs(15),
         "process and pool gauges",
         || async {

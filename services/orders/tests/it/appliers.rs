@@ -4,8 +4,8 @@
 use contracts::event;
 use orders::saga::{CONSUMER, Saga};
 use reliability::outbox::Envelope;
-use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 use serde_json::json;
+use testkit::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 
 /// The one decision order `n` gets: captured, declined or out of stock.
 fn decision(n: i64) -> Envelope {

@@ -8,9 +8,9 @@ mod ops;
 mod saga;
 
 use orders::{SERVICE, Settings};
-use reliability::service::{CommonSettings, Role, ShutdownToken};
-use reliability::testing::{Answer, ApiClient, Served, TestDb, serve, unique};
 use serde_json::Value;
+use service_kit::service::{CommonSettings, Role, ShutdownToken};
+use testkit::{Answer, ApiClient, Served, TestDb, serve, unique};
 
 /// The orders service on a free port with a database of its own.
 pub struct TestApp {
@@ -29,7 +29,7 @@ impl TestApp {
     /// With settings of its own (e.g. admission bounds).
     pub async fn spawn_with(settings: impl FnOnce(&mut CommonSettings)) -> Self {
         let db = TestDb::with_migrations(&orders::MIGRATIONS).await;
-        let mut common = reliability::testing::common_settings();
+        let mut common = testkit::common_settings();
         settings(&mut common);
         common.exchange = unique("reltest.orders.");
         let settings = Settings {

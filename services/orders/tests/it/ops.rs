@@ -7,10 +7,10 @@ use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use orders::{SERVICE, Settings};
 use reliability::broker;
-use reliability::service::{self, CommonSettings, Role, ShutdownToken};
-use reliability::testing::{TestDb, amqp_url, delete_broker_objects, unique, wait_until};
 use serde_json::Value;
+use service_kit::service::{self, CommonSettings, Role, ShutdownToken};
 use std::time::Duration;
+use testkit::{TestDb, amqp_url, delete_broker_objects, unique, wait_until};
 
 async fn get(port: u16, path: &str) -> (u16, String) {
     let resp = reqwest::get(format!("http://127.0.0.1:{port}{path}"))
@@ -27,7 +27,7 @@ fn settings(role: Role, common: CommonSettings) -> Settings {
 }
 
 fn common() -> CommonSettings {
-    let mut common = reliability::testing::common_settings();
+    let mut common = testkit::common_settings();
     common.exchange = unique("reltest.ops.");
     common.queue_prefix = unique("reltest.ops.");
     common

@@ -4,8 +4,8 @@ use contracts::event;
 use orders::saga::{CONSUMER, Saga};
 use reliability::consumer::{Consumer, ConsumerConfig, Outcome};
 use reliability::outbox::Envelope;
-use reliability::testing::amqp_url;
 use serde_json::{Value, json};
+use testkit::amqp_url;
 
 use crate::{ORDER, TestApp};
 

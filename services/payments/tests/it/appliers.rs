@@ -3,8 +3,8 @@
 
 use contracts::event;
 use payments::charges::{CONSUMER, Charges};
-use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 use serde_json::json;
+use testkit::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 
 #[tokio::test]
 async fn three_competing_consumers_record_one_payment_per_order_like_one_in_order() {

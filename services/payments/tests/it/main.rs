@@ -17,9 +17,9 @@ use payments::{PspSettings, SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::failpoint::FailPoints;
 use reliability::outbox::Envelope;
-use reliability::service::{Role, ShutdownToken};
-use reliability::testing::{ApiClient, Served, TestDb, amqp_url, serve, unique};
 use serde_json::json;
+use service_kit::service::{Role, ShutdownToken};
+use testkit::{ApiClient, Served, TestDb, amqp_url, serve, unique};
 
 pub struct TestApp {
     pub api: ApiClient,
@@ -37,7 +37,7 @@ impl TestApp {
             .unwrap();
         let (psp_url, psp) = (format!("http://127.0.0.1:{}", sim.port()), sim.simulator());
 
-        let mut common = reliability::testing::common_settings();
+        let mut common = testkit::common_settings();
         common.exchange = unique("reltest.payments.");
         let settings = Settings {
             role: Role::Serve,

@@ -212,18 +212,18 @@ async fn a_refund_with_an_unknown_outcome_keeps_its_key_and_is_issued_once() {
 
 #[tokio::test]
 async fn a_provider_timeout_that_outlives_the_lease_is_refused_at_startup() {
-    let db = reliability::testing::TestDb::with_migrations(&payments::MIGRATIONS).await;
+    let db = testkit::TestDb::with_migrations(&payments::MIGRATIONS).await;
     let settings = payments::Settings {
-        role: reliability::service::Role::Consume,
+        role: service_kit::service::Role::Consume,
         service: payments::PspSettings {
             psp_timeout_ms: 30_000,
             psp_lease_secs: 30,
             ..Default::default()
         },
-        ..payments::Settings::local(reliability::testing::common_settings())
+        ..payments::Settings::local(testkit::common_settings())
     };
-    let stop = reliability::service::ShutdownToken::new();
-    let refused = reliability::service::start(&payments::SERVICE, settings, db.databases(), stop)
+    let stop = service_kit::service::ShutdownToken::new();
+    let refused = service_kit::service::start(&payments::SERVICE, settings, db.databases(), stop)
         .await
         .err()
         .expect("a timeout of 30 s with a 30 s lease is refused");
@@ -238,7 +238,7 @@ async fn a_provider_timeout_that_outlives_the_lease_is_refused_at_startup() {
 /// table (no such columns) broke the claim.
 #[tokio::test]
 async fn a_temporary_table_named_payments_changes_nothing_for_the_claim() {
-    let db = reliability::testing::TestDb::with_migrations(&payments::MIGRATIONS).await;
+    let db = testkit::TestDb::with_migrations(&payments::MIGRATIONS).await;
     let mut conn = db.app.acquire().await.unwrap();
     sqlx::raw_sql("CREATE TEMP TABLE payments (id bigint); CREATE TEMP TABLE refunds (id bigint)")
         .execute(&mut *conn)
@@ -269,7 +269,8 @@ async fn a_refund_that_can_never_succeed_ends_failed_and_gives_its_amount_back()
     assert_eq!(status, "captured");
     let statuses = || async {
         sqlx::query_scalar::<_, String>(
-            "SELECT status FROM refunds WHERE payment_id = $1 ORDER BY refund_id",
+            // Ids are opaque (ADR 0017), not in the order of creation.
+            "SELECT status FROM refunds WHERE payment_id = $1 ORDER BY created_at",
         )
         .bind(payment)
         .fetch_all(&app.db.owner)
@@ -290,6 +291,7 @@ async fn a_refund_that_can_never_succeed_ends_failed_and_gives_its_amount_back()
     // our books, which the charge has no room for.
     assert_eq!(app.refund(payment, "r-2", 300).await, 201);
     worker.process_due().await.unwrap();
+    assert_eq!(statuses().await, ["failed", "succeeded"], "300 refunded");
     sqlx::query(
         "WITH r AS (INSERT INTO refunds (tenant_id, payment_id, amount_cents, charge_key)
                     VALUES (1, $1, 400, $2) RETURNING amount_cents)

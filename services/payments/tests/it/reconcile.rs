@@ -155,7 +155,7 @@ async fn reconciliation_refunds_a_late_charge_corrects_a_refund_and_alerts_on_a_
     );
 
     // The operator's command, on the same books: a dry run writes nothing.
-    let mut url = reqwest::Url::parse(&reliability::testing::database_url()).unwrap();
+    let mut url = reqwest::Url::parse(&testkit::database_url()).unwrap();
     url.set_path(&format!("/{}", app.db.name));
     let refunds = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM refunds")

@@ -7,8 +7,8 @@ use std::time::Duration;
 use payments::worker::WorkerConfig;
 use psp_sim::Faults;
 use reliability::failpoint::FailPoints;
-use reliability::service::ShutdownToken;
-use reliability::testing::wait_until;
+use service_kit::service::ShutdownToken;
+use testkit::wait_until;
 
 use crate::TestApp;
 

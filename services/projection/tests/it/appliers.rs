@@ -5,8 +5,8 @@
 use contracts::event;
 use projection::views::{CONSUMER, Views};
 use reliability::outbox::Envelope;
-use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 use serde_json::json;
+use testkit::{AppliersCheck, assert_competing_appliers_agree, event as ev};
 
 /// Orders of two tenants, each with its whole life: placed, reserved,
 /// paid or declined, decided, sometimes refunded. Payment events name the

@@ -5,8 +5,8 @@ use contracts::event;
 use projection::history::{CONSUMER, History};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::testing::amqp_url;
 use serde_json::json;
+use testkit::amqp_url;
 
 use crate::spawn;
 

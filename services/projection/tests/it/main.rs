@@ -9,19 +9,19 @@ use projection::views::{CONSUMER, Views};
 use projection::{SERVICE, Settings};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use reliability::service::{Role, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, amqp_url, unique};
 use serde_json::{Value, json};
+use service_kit::service::{Role, ShutdownToken};
+use testkit::{ApiClient, TestDb, amqp_url, unique};
 
 pub(crate) async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     let db = TestDb::with_migrations(&projection::MIGRATIONS).await;
-    let mut common = reliability::testing::common_settings();
+    let mut common = testkit::common_settings();
     common.exchange = unique("reltest.projection.");
     let settings = Settings {
         role: Role::Serve,
         ..Settings::local(common)
     };
-    let app = reliability::testing::serve(&SERVICE, settings, db.databases()).await;
+    let app = testkit::serve(&SERVICE, settings, db.databases()).await;
     (app.api, db, app.stop)
 }
 

@@ -1,8 +1,8 @@
 //! The simulator keeps its promises: idempotent charges, declines, faults.
 
 use psp_sim::{Application, Faults, Settings};
-use reliability::service::ShutdownToken;
 use serde_json::{Value, json};
+use service_kit::service::ShutdownToken;
 
 async fn start() -> (String, psp_sim::Simulator, ShutdownToken) {
     let app = Application::build(Settings::local(0)).await.unwrap();

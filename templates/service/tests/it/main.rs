@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use reliability::service::{Role, ShutdownToken};
-use reliability::testing::{ApiClient, TestDb, unique, wait_until};
 use __SERVICE__::Settings;
+use service_kit::service::{Role, ShutdownToken};
+use testkit::{ApiClient, TestDb, unique, wait_until};
 
 struct TestApp {
     api: ApiClient,
@@ -20,7 +20,7 @@ impl TestApp {
     /// The whole service (HTTP, relay, consumer) on a database and exchange of its own.
     async fn spawn() -> Self {
         let db = TestDb::with_migrations(&__SERVICE__::MIGRATIONS).await;
-        let mut common = reliability::testing::common_settings();
+        let mut common = testkit::common_settings();
         common.exchange = unique("reltest.__SERVICE__.");
         common.queue_prefix = format!("{}.", common.exchange);
         let common_prefix = common.queue_prefix.clone();
@@ -29,13 +29,13 @@ impl TestApp {
             role: Role::All,
             ..Settings::local(common)
         };
-        let app = reliability::testing::serve(&__SERVICE__::SERVICE, settings, db.databases()).await;
+        let app = testkit::serve(&__SERVICE__::SERVICE, settings, db.databases()).await;
         let spec = reliability::broker::QueueSpec::for_subscription(
             &__SERVICE__::audit::SUBSCRIPTION,
             &exchange,
             &common_prefix,
         );
-        reliability::testing::wait_for_queues(&spec.queues()).await;
+        testkit::wait_for_queues(&spec.queues()).await;
         let mut queues = spec.queues();
         if spec.is_ordered() {
             queues.push(spec.queue.clone());
@@ -58,7 +58,7 @@ impl TestApp {
 
     async fn stop(self) {
         self.stop.cancel();
-        reliability::testing::delete_broker_objects(&self.queues, &self.exchange).await;
+        testkit::delete_broker_objects(&self.queues, &self.exchange).await;
         self.db.cleanup().await;
     }
 }
@@ -121,7 +121,7 @@ async fn an_invalid_item_gets_422_and_writes_nothing() {
 /// shuffled and repeated delivery, the same state as one in order.
 #[tokio::test]
 async fn three_competing_consumers_audit_like_one_in_order() {
-    use reliability::testing::{AppliersCheck, assert_competing_appliers_agree, event};
+    use testkit::{AppliersCheck, assert_competing_appliers_agree, event};
     let created = (1..=60_i64)
         .map(|n| {
             event(

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use reliability::broker::{self, Outgoing, Publisher};
-use reliability::testing::{amqp_url, wait_until};
 use serde_json::json;
+use testkit::{amqp_url, wait_until};
 
 use super::sku;
 use crate::run::{Outcome, PREFIX, Run, bin, quiesce, run_cmd};

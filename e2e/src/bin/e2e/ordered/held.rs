@@ -38,7 +38,7 @@ pub(crate) async fn lock_held(run: &mut Run, tenant: i64) -> Outcome {
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect_with(
-            reliability::testing::database_url()
+            testkit::database_url()
                 .parse::<sqlx::postgres::PgConnectOptions>()?
                 .database(&format!("{}_projection", LAYOUT.name)),
         )

@@ -48,7 +48,7 @@ async fn switch_k(cluster: &mut Cluster, from: u16, to: u16) -> anyhow::Result<(
     // whether anything is left (a delivery it held goes back when it stops).
     let mut tries = 0;
     loop {
-        let conn = reliability::broker::connect(&reliability::testing::amqp_url(), "e2e-k").await?;
+        let conn = reliability::broker::connect(&testkit::amqp_url(), "e2e-k").await?;
         let channel = conn.create_channel().await?;
         let mut spec = reliability::broker::QueueSpec::new(&queue, "", &[]);
         spec.partitions = from;

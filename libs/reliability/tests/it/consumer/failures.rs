@@ -8,7 +8,7 @@ use reliability::broker;
 use reliability::consumer::Consumer;
 use reliability::db;
 use reliability::failpoint::{self, Action};
-use reliability::testing::{TcpProxy, amqp_url, postgres_addr, wait_until};
+use testkit::{TcpProxy, amqp_url, postgres_addr, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{AddingHandler, DEADLINE, effects, envelope};

@@ -11,8 +11,8 @@ use reliability::TenantTx;
 use reliability::consumer::{Consumer, Handler, HandlerError};
 use reliability::db;
 use reliability::outbox::Envelope;
-use reliability::testing::{TcpProxy, amqp_url, database_url, postgres_addr, wait_until};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use testkit::{TcpProxy, amqp_url, database_url, postgres_addr, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{AddingHandler, DEADLINE, effects, envelope, tenant};
@@ -87,7 +87,7 @@ async fn an_apply_whose_database_falls_silent_is_given_up_within_its_bound_and_a
 
 #[tokio::test]
 async fn a_connection_dropped_in_a_transaction_is_closed_when_it_cannot_answer() {
-    let db = reliability::testing::TestDb::new().await;
+    let db = testkit::TestDb::new().await;
     let proxy = TcpProxy::start(postgres_addr()).await;
     // Plain TCP: over TLS, sqlx's close itself waits to read from the peer
     // (docs/adr/0022, amended in session 27: what this does not cover).

@@ -3,8 +3,8 @@
 use reliability::TenantTx;
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::Relay;
-use reliability::testing::{TestDb, amqp_url, wait_until};
 use serde_json::json;
+use testkit::{TestDb, amqp_url, wait_until};
 
 use crate::support::{Broker, DEADLINE, tenant};
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 use reliability::TenantTx;
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::Relay;
-use reliability::testing::{TcpProxy, TestDb, amqp_url, broker_addr, postgres_addr, wait_until};
 use serde_json::json;
+use testkit::{TcpProxy, TestDb, amqp_url, broker_addr, postgres_addr, wait_until};
 
 use crate::support::{Broker, DEADLINE, enqueue_added, tenant};
 
@@ -250,7 +250,7 @@ async fn nacked_rows_cost_no_attempt_and_the_other_queues_keep_flowing() {
     let db = TestDb::new().await;
     let broker = Broker::new().await;
     let healthy = broker.queue(&["svc.Routed"]).await;
-    let full = reliability::testing::unique("reltest.q.full.");
+    let full = testkit::unique("reltest.q.full.");
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongLongInt(0));
     args.insert(
