@@ -20,7 +20,7 @@ test: test-clean ## run every test against the real PostgreSQL, RabbitMQ and Fal
 	@scripts/pg-tls.sh
 	@scripts/falkordb.sh start
 	@if command -v cargo-nextest >/dev/null; then \
-	  cargo test --doc -p reliability -p service-kit -p testkit -p operator -p sources --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
+	  cargo test --doc -p contracts -p reliability -p service-kit -p testkit -p operator -p sources --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
 	else \
 	  cargo test --workspace --all-targets --all-features --locked; \
 	fi
@@ -49,10 +49,11 @@ test-clean: ## drop test databases and queues left by interrupted test runs
 	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- queue delete --yes $$queues; fi; \
 	fi
 
-lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources), the ADR index up to date, every path the docs name exists, no source file outside tests/ over 400 lines
+lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources), the ADR index up to date, every path the docs name exists, no source file outside tests/ over 400 lines, the crates' layering (scripts/check_crates.py)
 	python3 scripts/adr_index.py --check
 	python3 scripts/check_paths.py
 	python3 scripts/check_sizes.py
+	python3 scripts/check_crates.py
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 	@command -v cargo-deny >/dev/null || { echo "cargo-deny is missing: cargo install cargo-deny --locked" >&2; exit 1; }

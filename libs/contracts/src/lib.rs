@@ -1,11 +1,4 @@
-//! The events the commerce services exchange: their names, routing keys and
-//! payloads. A service depends on this crate, never on another service.
-//!
-//! Each payload is version 1. A breaking change adds a new struct and a new
-//! version number; consumers dead-letter versions they do not know, so a
-//! rolling deploy surfaces in the DLQ instead of misreading data.
-//!
-//! Amounts are integer cents; ids are the owning service's numbers.
+#![doc = include_str!("../README.md")]
 
 use serde::{Deserialize, Serialize};
 
