@@ -41,11 +41,13 @@ mod ordered;
 mod park;
 mod replay;
 mod settle;
+mod tries;
 
 pub use kinds::{Apply, Pg, Sink};
 pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, first_parked, parked, skip, unpark};
 pub use replay::Replayed;
+pub use tries::CRASH_TRIES;
 
 /// The ordered subscription's record-and-gate statement and its look-up
 /// of the aggregates it did not advance, for a test of their plans.

@@ -13,7 +13,10 @@
 //!   VM or a long stall would: its transaction, locks, connections and
 //!   unacked deliveries stay held until something sends it SIGCONT;
 //! - `permanent` (the handler point only): the handler fails for good, as
-//!   one with a bug on some data does.
+//!   one with a bug on some data does;
+//! - `crash` (the handler point only): the consumer stops as a crashed
+//!   process would, in a test where `abort` would take the test down (the
+//!   handler point's `error` is a failure the handler retries).
 //!
 //! A point fires once unless written `name=error*` / `name=abort*` (every time).
 //! The handler point may be narrowed to one consumer,
@@ -53,6 +56,7 @@ pub enum Action {
     Abort,
     Freeze,
     Permanent,
+    Crash,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +89,7 @@ impl FailPoints {
                 "abort" => Action::Abort,
                 "freeze" => Action::Freeze,
                 "permanent" => Action::Permanent,
+                "crash" => Action::Crash,
                 other => {
                     return Err(Error::Config(format!(
                         "unknown fail point action `{other}`"
@@ -141,7 +146,7 @@ impl FailPoints {
         };
         match fired {
             None => None,
-            Some(action @ (Action::Error | Action::Permanent)) => {
+            Some(action @ (Action::Error | Action::Permanent | Action::Crash)) => {
                 tracing::warn!(
                     fail_point = name,
                     ?action,

@@ -19,6 +19,7 @@ use crate::run::{Outcome, PREFIX, Run, Scenario, bin, quiesce, run_cmd};
 
 mod held;
 mod partitions;
+mod worn;
 use partitions::*;
 
 const HISTORY: &str = contracts::topology::PROJECTION_HISTORY.consumer;
@@ -41,6 +42,10 @@ pub fn scenarios() -> Vec<Scenario> {
         (
             "ordered: one poison aggregate parks alone under load",
             |r, t| Box::pin(poison(r, t)),
+        ),
+        (
+            "ordered: an event that crashes its consumer each time parks, never a dead letter",
+            |r, t| Box::pin(worn::worn(r, t)),
         ),
         ("ordered: K changed 4 -> 8 -> 4 under load", |r, t| {
             Box::pin(change_k(r, t))

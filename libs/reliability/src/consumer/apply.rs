@@ -303,6 +303,9 @@ impl<H: Handler> Consumer<Pg<H>> {
                     Some(failpoint::Action::Permanent) => {
                         return Err(HandlerError::Permanent(why()).into());
                     }
+                    Some(failpoint::Action::Crash) => {
+                        return Err(ApplyError::FailPoint(failpoint::CONSUMER_HANDLER));
+                    }
                     Some(_) => return Err(HandlerError::Transient(why()).into()),
                     None => {}
                 }

@@ -188,8 +188,10 @@ impl<A: Apply> Consumer<A> {
                 let _ =
                     broker::bounded(channel.basic_ack(u64::MAX, BasicAckOptions::default())).await;
             }
-            // A worn delivery is parked on its own, untried (settle.rs).
-            let carry_on = if group.len() > 1 && !group.iter().any(|d| self.worn(d).is_some()) {
+            // A worn delivery is parked on its own, untried (settle.rs); a
+            // handed-back one is tried alone, its try recorded (tries.rs).
+            let alone = |d: &Delivery| self.worn(d).is_some() || self.handed_back(d);
+            let carry_on = if group.len() > 1 && !group.iter().any(alone) {
                 self.process_group(group, shutdown, lane).await?
             } else {
                 self.process_each(group, shutdown, lane).await?

@@ -67,6 +67,16 @@ pub trait Apply: Send + Sync + Sized + 'static {
     /// Ordered subscriptions: the parked gauges and released aggregates.
     #[doc(hidden)]
     fn release(c: &Consumer<Self>, stop: &CancellationToken) -> impl Future<Output = ()> + Send;
+    /// Whether the tries of a handed-back delivery are counted (tries.rs).
+    #[doc(hidden)]
+    const COUNTS_TRIES: bool;
+    /// One more try of `event`, committed: the tries so far.
+    #[doc(hidden)]
+    fn record_try(c: &Consumer<Self>, event: &Envelope)
+    -> impl Future<Output = Result<i32>> + Send;
+    /// `event` is settled: its tries are forgotten.
+    #[doc(hidden)]
+    fn forget_tries(c: &Consumer<Self>, event: &Envelope) -> impl Future<Output = ()> + Send;
 }
 
 impl<H: Handler> Apply for Pg<H> {
@@ -90,6 +100,13 @@ impl<H: Handler> Apply for Pg<H> {
     }
     async fn release(c: &Consumer<Self>, stop: &CancellationToken) {
         c.release_loop(stop).await;
+    }
+    const COUNTS_TRIES: bool = true;
+    async fn record_try(c: &Consumer<Self>, event: &Envelope) -> Result<i32> {
+        c.record_try_pg(event).await
+    }
+    async fn forget_tries(c: &Consumer<Self>, event: &Envelope) {
+        c.forget_tries_pg(event).await;
     }
 }
 
@@ -138,6 +155,13 @@ impl<S: Sink> Apply for S {
         Err(HandlerError::Permanent("a sink cannot park: it consumes order-free".into()).into())
     }
     async fn release(_: &Consumer<Self>, _: &CancellationToken) {}
+    // A sink has no table to count tries in: a handed-back delivery is
+    // dead-lettered by the queue's delivery limit alone.
+    const COUNTS_TRIES: bool = false;
+    async fn record_try(_: &Consumer<Self>, _: &Envelope) -> Result<i32> {
+        Ok(0)
+    }
+    async fn forget_tries(_: &Consumer<Self>, _: &Envelope) {}
 }
 
 impl<H: Handler> Consumer<Pg<H>> {

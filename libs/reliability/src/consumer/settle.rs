@@ -44,7 +44,17 @@ impl<A: Apply> Consumer<A> {
     ) -> Result<bool> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
-        let mut worn = self.worn(&delivery);
+        let mut worn = match self.worn(&delivery) {
+            Some(worn) => Some(worn),
+            None => self.crashed_on(&delivery, &event).await,
+        };
+        // Set aside without a retry: parked or dead-lettered now.
+        let set_aside = worn.is_some();
+        let settled = async || {
+            if self.handed_back(&delivery) {
+                A::forget_tries(self, &event).await;
+            }
+        };
         loop {
             let applied = match worn.take() {
                 // Parked before it is tried again, not applied: it is not
@@ -59,6 +69,7 @@ impl<A: Apply> Consumer<A> {
                         .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
                     self.count(&event, outcome);
+                    settled().await;
                     return Ok(true);
                 }
                 Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
@@ -66,7 +77,7 @@ impl<A: Apply> Consumer<A> {
             };
             let wait = match &failure {
                 e if e.is_permanent() => None,
-                _ if self.worn(&delivery).is_some() => None,
+                _ if set_aside => None,
                 HandlerError::Unavailable(_) => {
                     outage_delay = (outage_delay * 2).min(Duration::from_secs(5));
                     Some(outage_delay)
@@ -101,10 +112,17 @@ impl<A: Apply> Consumer<A> {
                     };
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
                     self.count(&event, outcome);
+                    settled().await;
                     return Ok(true);
                 }
                 tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");
-                self.dead_letter(&delivery, "handler_failed").await?;
+                let reason = if set_aside {
+                    "crashed_its_consumer"
+                } else {
+                    "handler_failed"
+                };
+                self.dead_letter(&delivery, reason).await?;
+                settled().await;
                 return Ok(true);
             };
             tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use reliability::broker;
-use reliability::consumer::Consumer;
+use reliability::consumer::{self, Consumer};
 use reliability::db;
 use reliability::failpoint::{self, Action};
 use testkit::{TcpProxy, amqp_url, postgres_addr, wait_until};
@@ -124,46 +124,65 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     db.cleanup().await;
 }
 
+/// A message that takes its consumer down each time it is tried (a
+/// handler that kills its process) is dead-lettered once its recorded
+/// tries say it is the one, well before the queue's delivery limit. The
+/// message behind it, handed back by the same crashes and never tried, is
+/// applied: counted by returns alone, it went to the DLQ with the culprit
+/// (shown in session 29).
 #[tokio::test]
-async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_by_the_delivery_limit() {
-    let (db, broker, cfg) = setup().await;
+async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_alone() {
+    let (db, broker, mut cfg) = setup().await;
+    cfg.lanes = 1;
     let queue = cfg.queue.queue.clone();
-    broker
-        .publish_to_queue(
-            &queue,
-            &serde_json::to_vec(&envelope("svc", 1, 1, "agg", "Added", 1)).unwrap(),
-        )
-        .await;
-    // Crash before commit on every delivery, as a handler that kills its
-    // process would; the broker counts each as a delivery.
+    for (id, aggregate) in [(1, "culprit"), (2, "neighbour")] {
+        let event = envelope("svc", id, 1, aggregate, "Added", 1);
+        broker
+            .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
+            .await;
+    }
+    let crash = format!(
+        "{}@{}/1/test:culprit",
+        failpoint::CONSUMER_HANDLER,
+        cfg.name
+    );
     let dlq = broker::dead_letter_queue(&queue);
     let mut crashes = 0;
-    loop {
-        wait_until(
-            DEADLINE,
-            "the message is back on the queue or dead-lettered",
-            || async { broker.depth(&queue).await + broker.depth(&dlq).await == 1 },
-        )
+    let running = loop {
+        wait_until(DEADLINE, "the messages back on the queue", || async {
+            broker.depth(&queue).await + broker.depth(&dlq).await == 2
+        })
         .await;
-        if broker.depth(&dlq).await == 1 {
-            break;
+        cfg.fail_points.arm(&crash, Action::Crash);
+        let (stop, _, task) = start(&db, cfg.clone(), AddingHandler::default());
+        wait_until(DEADLINE, "a crash or a dead letter", || async {
+            task.is_finished() || broker.depth(&dlq).await == 1
+        })
+        .await;
+        if !task.is_finished() {
+            break (stop, task);
         }
+        assert!(task.await.unwrap().is_err(), "a crash");
         crashes += 1;
         assert!(
-            crashes <= cfg.queue.delivery_limit + 1,
+            crashes <= cfg.queue.delivery_limit,
             "still redelivered after {crashes} crashes"
         );
-        cfg.fail_points
-            .arm(failpoint::CONSUMER_BEFORE_COMMIT, Action::Error);
-        let (_stop, _, task) = start(&db, cfg.clone(), AddingHandler::default());
-        assert!(task.await.unwrap().is_err());
-    }
-    assert!(
-        crashes >= cfg.queue.delivery_limit,
-        "dead-lettered after {crashes} crashes"
+    };
+    assert_eq!(crashes, 1 + consumer::CRASH_TRIES as u32);
+    wait_until(DEADLINE, "the neighbour applied", || async {
+        effects(&db).await.len() == 1
+    })
+    .await;
+    assert_eq!(
+        effects(&db).await[0].1,
+        "neighbour",
+        "the culprit never applied"
     );
+    assert_eq!(broker.depth(&dlq).await, 1);
     assert_eq!(broker.depth(&queue).await, 0);
-    assert!(effects(&db).await.is_empty());
+    running.0.cancel();
+    running.1.await.unwrap().unwrap();
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }

@@ -399,8 +399,11 @@ async fn a_temporary_table_cannot_stand_in_for_a_definer_functions_table() {
 /// a freeze past the broker's timeout) is handed back each time. On an
 /// ordered partition the broker's delivery limit would dead-letter it, and
 /// the aggregate's later events would be applied over the gap. The lane
-/// parks it instead, untried, once handed back half the limit's times;
-/// the DLQ stays empty, and an unpark replays it in order.
+/// parks it instead, untried, once its recorded tries say it is the one
+/// the consumer dies on; the DLQ stays empty, and an unpark replays it in
+/// order. B's event, in the same partition behind it, is handed back by
+/// every crash too but never tried: counted by returns alone, it was
+/// parked with A (shown in session 29); it is applied.
 #[tokio::test]
 async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_of_a_dead_letter() {
     let db = TestDb::new().await;
@@ -420,22 +423,23 @@ async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_o
         broker::dead_letter_queue(&spec.queue),
     );
     write_one(&db, 1, "A").await;
+    write_one(&db, 1, "B").await;
     let parked = || async { consumer::parked(&db.owner, Some(&name)).await.unwrap() };
+    // The consumer dies whenever it applies A's event, and only then.
+    let crash_on_a = format!("{}@{name}/1/test:A", failpoint::CONSUMER_HANDLER);
     let mut crashes = 0;
     let consumer = loop {
         wait_until(
             LONG,
-            "A's event waiting, parked or dead-lettered",
+            "the events waiting, parked or dead-lettered",
             || async {
-                broker.depth(&partition).await + broker.depth(&dlq).await == 1
+                broker.depth(&partition).await + broker.depth(&dlq).await == 2
                     || !parked().await.is_empty()
             },
         )
         .await;
         assert_eq!(broker.depth(&dlq).await, 0, "dead-lettered: a gap");
-        // Crashes before its commit, as a handler that kills its process.
-        cfg.fail_points
-            .arm(failpoint::CONSUMER_BEFORE_COMMIT, Action::Error);
+        cfg.fail_points.arm(&crash_on_a, Action::Crash);
         let (consumer, task) = run_consumer(&db, cfg.clone(), Recording::default(), &stop);
         wait_until(LONG, "the consumer crashed or parked A", || async {
             task.is_finished() || !parked().await.is_empty()
@@ -451,12 +455,25 @@ async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_o
             "still tried after {crashes} crashes"
         );
     };
-    assert_eq!(crashes, spec.delivery_limit / 2, "parked at half the limit");
-    let a = &parked().await[0];
+    assert_eq!(
+        crashes,
+        1 + consumer::CRASH_TRIES as u32,
+        "set aside once its recorded tries say so"
+    );
+    wait_until(LONG, "B applied", || async {
+        applied(&db).await.contains_key(&(1, "B".to_owned()))
+    })
+    .await;
+    let all = parked().await;
+    assert_eq!(all.len(), 1, "only A parked: {all:?}");
+    let a = &all[0];
     assert_eq!((a.aggregate_id.as_str(), a.waiting), ("A", 1));
-    assert!(a.error.contains("handed back"), "{}", a.error);
+    assert!(a.error.contains("died each of the"), "{}", a.error);
     assert_eq!(broker.depth(&dlq).await, 0);
-    assert!(applied(&db).await.is_empty(), "never tried once worn");
+    assert!(
+        !applied(&db).await.contains_key(&(1, "A".to_owned())),
+        "never tried once set aside"
+    );
 
     // A's next event waits behind it; fixed, unparked: both, in order.
     write_one(&db, 1, "A").await;
@@ -464,7 +481,7 @@ async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_o
         parked().await.first().is_some_and(|a| a.waiting == 2)
     })
     .await;
-    cfg.fail_points.fire(failpoint::CONSUMER_BEFORE_COMMIT);
+    cfg.fail_points.fire(&crash_on_a);
     assert!(
         consumer::unpark(&db.owner, &name, 1, "test", "A")
             .await
@@ -478,6 +495,11 @@ async fn an_event_that_keeps_crashing_its_consumer_parks_its_aggregate_instead_o
     .await
     .unwrap();
     assert_eq!(ids, written(&db).await[&(1, "A".to_owned())]);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM consumer_tries")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "tries are forgotten once settled");
     stop.cancel();
     relay.await.unwrap().unwrap();
     consumer.1.await.unwrap().unwrap();

@@ -1,0 +1,114 @@
+//! Which handed-back delivery takes its consumer down.
+//!
+//! A consumer that dies holding deliveries (a crash, a freeze past the
+//! broker's timeout) has all of them handed back, and the broker counts a
+//! return for each: the event it died on, and every event prefetched
+//! behind it, never tried. Counted by returns, a few crashes on one event
+//! park (ordered) or dead-letter (order-free) its healthy neighbours too.
+//! So a handed-back delivery is tried alone, after one more try of it is
+//! recorded and committed (`consumer_tries`): the event the consumer keeps
+//! dying on is the one whose tries grow, and it is parked or dead-lettered
+//! at [`CRASH_TRIES`], while its neighbours' returns are still below the
+//! returns' bound (`settle::worn_after`), which stays for the deaths no try
+//! explains (a channel lost, again and again).
+
+use lapin::message::Delivery;
+
+use crate::broker;
+use crate::outbox::Envelope;
+use crate::{TenantId, TenantTx};
+
+use super::{Apply, Consumer, Handler, HandlerError, Pg};
+
+/// Tries of a handed-back event recorded (after its first, in a group or
+/// alone, which nothing records), each ended by its consumer's death,
+/// after which it is parked or dead-lettered untried: it is then handed
+/// back for the third time, below half the queues' delivery limit (10),
+/// so the events handed back with it each time are not worn.
+pub const CRASH_TRIES: i32 = 2;
+
+impl<A: Apply> Consumer<A> {
+    /// Whether `delivery` was handed back by the broker: it is applied
+    /// alone, after its try is recorded (not in a group).
+    pub(super) fn handed_back(&self, delivery: &Delivery) -> bool {
+        broker::returns(&delivery.properties) > 0 && A::COUNTS_TRIES
+    }
+
+    /// For a handed-back delivery: records one more try, and returns the
+    /// failure it is set aside with when its earlier tries each ended in
+    /// its consumer's death. A try that cannot be recorded (the database
+    /// away) is tried anyway: the returns' bound still holds.
+    pub(super) async fn crashed_on(
+        &self,
+        delivery: &Delivery,
+        event: &Envelope,
+    ) -> Option<HandlerError> {
+        if !self.handed_back(delivery) {
+            return None;
+        }
+        match A::record_try(self, event).await {
+            Ok(tries) if tries > CRASH_TRIES => Some(HandlerError::Transient(
+                format!(
+                    "its consumer died each of the {tries} times it was tried (a crash, or a freeze \
+                     past the broker's timeout): set aside untried"
+                )
+                .into(),
+            )),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %e, "could not record a try; trying anyway");
+                None
+            }
+        }
+    }
+}
+
+impl<H: Handler> Consumer<Pg<H>> {
+    /// One more try of `event`, committed on its own: the tries so far,
+    /// this one included.
+    pub(super) async fn record_try_pg(&self, event: &Envelope) -> crate::Result<i32> {
+        let tenant = TenantId::new(event.tenant_id)?;
+        let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
+        let tries = sqlx::query_scalar(
+            "INSERT INTO consumer_tries (tenant_id, consumer, source, message_id)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (tenant_id, consumer, source, message_id)
+             DO UPDATE SET tries = consumer_tries.tries + 1, tried_at = now()
+             RETURNING tries",
+        )
+        .bind(tenant.get())
+        .bind(&self.config.name)
+        .bind(&event.source)
+        .bind(event.id)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(tries)
+    }
+
+    /// Forgets `event`'s tries once it is settled (applied, parked or
+    /// dead-lettered). Best effort: a row left behind is forgotten by the
+    /// next settle of that event, or never read again.
+    pub(super) async fn forget_tries_pg(&self, event: &Envelope) {
+        let Ok(tenant) = TenantId::new(event.tenant_id) else {
+            return;
+        };
+        let forget = async {
+            let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
+            sqlx::query(
+                "DELETE FROM consumer_tries
+                 WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND message_id = $4",
+            )
+            .bind(tenant.get())
+            .bind(&self.config.name)
+            .bind(&event.source)
+            .bind(event.id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
+        };
+        if let Err(e) = forget.await {
+            tracing::debug!(consumer = %self.config.name, error = %e, "could not forget a settled event's tries");
+        }
+    }
+}
