@@ -152,6 +152,16 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
             .await
             .unwrap();
     }
+    // And a refund that ended failed: money promised back, not given.
+    sqlx::raw_sql(
+        "WITH p AS (INSERT INTO payments (tenant_id, order_id, customer_id, amount_cents, currency, status)
+                    VALUES (99, 1, 'c', 500, 'EUR', 'captured') RETURNING payment_id)
+         INSERT INTO refunds (tenant_id, payment_id, amount_cents, status, last_error)
+         SELECT 99, payment_id, 200, 'failed', 'the provider failed the refund it had accepted' FROM p",
+    )
+    .execute(&stack.dbs.payments.owner)
+    .await
+    .unwrap();
     let limits =
         service_kit::admission::AdmissionLimits::parse(1000, "99=2", Duration::ZERO).unwrap();
     let work = [status::WorkInFlight {
@@ -172,6 +182,13 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         s.problems.iter().any(
             |p| p.starts_with("orders: tenant 99 is at its admission bound (2 in flight of 2)")
         ),
+        "{:?}",
+        s.problems
+    );
+    assert!(
+        s.problems.iter().any(|p| p.starts_with(
+            "payments: 1 refund(s) ended failed in the last 24 h, the latest: the provider failed"
+        )),
         "{:?}",
         s.problems
     );

@@ -139,6 +139,13 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
             );
         }
     }
+    if let Some(failed) = status.refunds_failed.as_ref().filter(|f| f.count > 0) {
+        println!(
+            "\nREFUNDS      {} ended failed in the last 24 h, the latest {:.0} s ago",
+            failed.count,
+            failed.latest_seconds_ago.unwrap_or(0.0)
+        );
+    }
     println!();
     if status.problems.is_empty() {
         println!("nothing stuck");

@@ -2,6 +2,7 @@
 
 mod floor;
 mod orders;
+mod refunds;
 mod snapshot;
 mod stock;
 mod tallies;
@@ -15,6 +16,7 @@ use sqlx::postgres::PgConnectOptions;
 
 pub use floor::{FLOOR_WAIT, floor, floors};
 pub use orders::{Line, Order, Payment, Refund, Reservation, order, orders_after};
+pub use refunds::{FailedRefunds, failed_refunds};
 pub use snapshot::{Floors, Reflected, Snapshot, chunk, snapshot};
 pub use stock::{Stock, stock_after};
 pub use tallies::{Tally, customers, tenants, units_ordered};

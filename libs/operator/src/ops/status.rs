@@ -20,6 +20,8 @@ pub struct Status {
     /// The tenants with the most work in flight, against their admission
     /// bound ([`admission`]; empty until it is asked for).
     pub admission: Vec<AdmissionLine>,
+    /// Refunds that ended failed in the last day (payments' database).
+    pub refunds_failed: Option<sources::FailedRefunds>,
     /// What needs an operator, one sentence each; empty when all is well.
     pub problems: Vec<String>,
 }
@@ -152,6 +154,9 @@ pub struct MaintenanceLine {
 
 /// Past this age, pending outbox rows are a problem.
 const OUTBOX_LAG_PROBLEM_SECS: f64 = 60.0;
+/// How far back a failed refund is a problem: a day, so the morning's
+/// look sees the night's.
+const REFUNDS_FAILED_WINDOW_SECS: f64 = 24.0 * 3600.0;
 
 pub async fn status(estate: &Estate) -> Status {
     let mut problems = Vec::new();
@@ -237,12 +242,26 @@ pub async fn status(estate: &Estate) -> Status {
         consumers.push(line);
     }
     problems.extend(connections_problem(&conns));
+    let refunds_failed = match estate.database(contracts::source::PAYMENTS) {
+        Some(pool) => sources::failed_refunds(pool, REFUNDS_FAILED_WINDOW_SECS)
+            .await
+            .ok(),
+        None => None,
+    };
+    if let Some(failed) = refunds_failed.as_ref().filter(|f| f.count > 0) {
+        problems.push(format!(
+            "payments: {} refund(s) ended failed in the last 24 h, the latest: {} (runbook: \"A payment or refund is stuck pending\")",
+            failed.count,
+            failed.latest_error.as_deref().unwrap_or("?")
+        ));
+    }
     Status {
         outbox,
         connections: conns,
         consumers,
         maintenance: runs,
         admission: Vec::new(),
+        refunds_failed,
         problems,
     }
 }
