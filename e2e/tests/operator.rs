@@ -22,6 +22,7 @@ async fn estate(stack: &Stack) -> ops::Estate {
                 .unwrap(),
         ),
         queue_prefix: stack.common.queue_prefix.clone(),
+        exchange: stack.common.exchange.clone(),
         subscriptions: contracts::topology::ALL,
         ordered_partitions: String::new(),
         management_url: None,

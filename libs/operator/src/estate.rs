@@ -14,6 +14,9 @@ pub struct Estate {
     /// Prefix of every consumer queue name, as the services are given it.
     #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
     queue_prefix: String,
+    /// The events exchange, as the services are given it.
+    #[arg(long, env = "EVENTS_EXCHANGE", default_value = contracts::EXCHANGE)]
+    exchange: String,
     /// Partitions of ordered subscriptions, as the services are given them
     /// (`consumer=K,...`; default: the code's K).
     #[arg(long, env = "ORDERED_PARTITIONS", default_value = "")]
@@ -57,6 +60,7 @@ impl Estate {
             databases,
             broker,
             queue_prefix: self.queue_prefix,
+            exchange: self.exchange,
             subscriptions: contracts::topology::ALL,
             ordered_partitions: self.ordered_partitions,
             management_url: Some(self.management_url),

@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use contracts::topology::Subscription;
 
+mod bindings;
 pub mod explain;
 pub mod status;
 
@@ -18,6 +19,8 @@ pub struct Estate {
     pub broker: Option<lapin::Connection>,
     /// Prefix of every consumer queue name, as the services were given it.
     pub queue_prefix: String,
+    /// The events exchange, as the services were given it.
+    pub exchange: String,
     /// The consumers to report on.
     pub subscriptions: &'static [Subscription],
     /// `ORDERED_PARTITIONS`, as the services were given it: the K of an

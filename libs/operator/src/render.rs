@@ -146,6 +146,9 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
             failed.latest_seconds_ago.unwrap_or(0.0)
         );
     }
+    if !status.bindings_checked {
+        println!("\n(bindings not checked: RabbitMQ's management API did not answer)");
+    }
     println!();
     if status.problems.is_empty() {
         println!("nothing stuck");

@@ -22,6 +22,9 @@ pub struct Status {
     pub admission: Vec<AdmissionLine>,
     /// Refunds that ended failed in the last day (payments' database).
     pub refunds_failed: Option<sources::FailedRefunds>,
+    /// Whether every subscription's bindings were held to the broker's
+    /// (its management API answered).
+    pub bindings_checked: bool,
     /// What needs an operator, one sentence each; empty when all is well.
     pub problems: Vec<String>,
 }
@@ -241,6 +244,9 @@ pub async fn status(estate: &Estate) -> Status {
         }
         consumers.push(line);
     }
+    let missing = super::bindings::missing(estate).await;
+    let bindings_checked = missing.is_some();
+    problems.extend(missing.unwrap_or_default());
     problems.extend(connections_problem(&conns));
     let refunds_failed = match estate.database(contracts::source::PAYMENTS) {
         Some(pool) => sources::failed_refunds(pool, REFUNDS_FAILED_WINDOW_SECS)
@@ -262,6 +268,7 @@ pub async fn status(estate: &Estate) -> Status {
         maintenance: runs,
         admission: Vec::new(),
         refunds_failed,
+        bindings_checked,
         problems,
     }
 }

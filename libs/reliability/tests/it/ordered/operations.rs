@@ -124,6 +124,7 @@ async fn status_adds_up_the_partitions_and_names_the_parked_aggregates() {
         databases: vec![("shop".into(), db.owner.clone())],
         broker: Some(broker::connect(&amqp_url(), "status-test").await.unwrap()),
         queue_prefix: prefix,
+        exchange: String::new(),
         subscriptions: SUBSCRIPTIONS,
         ordered_partitions: String::new(),
         management_url: None,

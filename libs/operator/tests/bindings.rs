@@ -1,0 +1,104 @@
+//! `reliability status` holds each subscription's bindings to the broker's
+//! (its management API, which CI enables): a queue that is not bound to a
+//! routing key of its subscription receives none of those events, and a
+//! passive declare of the queue does not say so (issue 43).
+
+use contracts::topology::Subscription;
+use operator::ops::{self, status};
+use reliability::broker::{self, QueueSpec};
+use testkit::{Broker, amqp_url, unique};
+
+static SUBSCRIPTIONS: &[Subscription] = &[
+    Subscription::new("shop.views", &["svc.A", "svc.B"]),
+    Subscription::new("shop.history", &["svc.C"]).ordered(2),
+];
+
+/// The management API's URL beside `AMQP_URL`'s broker.
+fn management_url() -> String {
+    std::env::var("RABBITMQ_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
+}
+
+#[tokio::test]
+async fn status_names_a_binding_the_broker_lost() {
+    let broker = Broker::new().await;
+    let prefix = unique("reltest.bind.");
+    let specs: Vec<QueueSpec> = SUBSCRIPTIONS
+        .iter()
+        .map(|s| QueueSpec::for_subscription(s, &broker.exchange, &prefix))
+        .collect();
+    for spec in &specs {
+        broker::declare_queue(&broker.channel, spec).await.unwrap();
+    }
+    let estate = ops::Estate {
+        databases: Vec::new(),
+        broker: Some(broker::connect(&amqp_url(), "bindings-test").await.unwrap()),
+        queue_prefix: prefix.clone(),
+        exchange: broker.exchange.clone(),
+        subscriptions: SUBSCRIPTIONS,
+        ordered_partitions: String::new(),
+        management_url: Some(management_url()),
+    };
+    let about_bindings = |problems: Vec<String>| -> Vec<String> {
+        problems
+            .into_iter()
+            .filter(|p| p.contains("is not bound"))
+            .collect()
+    };
+    let s = status::status(&estate).await;
+    assert!(
+        s.bindings_checked,
+        "the management API answers at {}",
+        management_url()
+    );
+    assert_eq!(about_bindings(s.problems), Vec::<String>::new());
+
+    // An operator's slip, or a broker restored from an old definitions
+    // file: one routing key of the order-free queue, and one partition.
+    let (views, history) = (&specs[0], &specs[1]);
+    broker
+        .channel
+        .queue_unbind(
+            views.queue.as_str().into(),
+            broker.exchange.as_str().into(),
+            "svc.B".into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let partition = history.partition_queue(1);
+    broker
+        .channel
+        .queue_unbind(
+            partition.as_str().into(),
+            history.partition_exchange().as_str().into(),
+            // The consistent-hash exchange binds with the partition's weight.
+            "1".into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let lost = about_bindings(status::status(&estate).await.problems);
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(
+        lost[0].starts_with(&format!(
+            "shop.views: {} is not bound to `svc.B`",
+            views.queue
+        )),
+        "{lost:?}"
+    );
+    assert!(
+        lost[1].starts_with(&format!("shop.history: partition {partition} is not bound")),
+        "{lost:?}"
+    );
+    broker.cleanup_ordered(history).await;
+    let ch = broker::connect(&amqp_url(), "bindings-cleanup")
+        .await
+        .unwrap();
+    let channel = ch.create_channel().await.unwrap();
+    for q in [views.queue.clone(), broker::dead_letter_queue(&views.queue)] {
+        let _ = channel
+            .queue_delete(q.as_str().into(), Default::default())
+            .await;
+    }
+}
