@@ -7,8 +7,8 @@ use sqlx::PgPool;
 
 use contracts::topology::Subscription;
 
-mod bindings;
 pub mod explain;
+mod management;
 pub mod status;
 
 /// Where the views look.

@@ -244,7 +244,7 @@ pub async fn status(estate: &Estate) -> Status {
         }
         consumers.push(line);
     }
-    let missing = super::bindings::missing(estate).await;
+    let missing = super::management::missing(estate).await;
     let bindings_checked = missing.is_some();
     problems.extend(missing.unwrap_or_default());
     problems.extend(connections_problem(&conns));
@@ -330,7 +330,7 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
     }
     if let Some(url) = &estate.management_url {
         for queue in &queues {
-            let Some(n) = unacked(url, queue).await else {
+            let Some(n) = super::management::unacked(url, queue).await else {
                 line.unacked = None;
                 break;
             };
@@ -338,27 +338,6 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
         }
     }
     line
-}
-
-/// `messages_unacknowledged` from the management API, if it answers.
-async fn unacked(management_url: &str, queue: &str) -> Option<u64> {
-    let base = reqwest::Url::parse(management_url).ok()?;
-    let mut url = base.clone();
-    url.set_username("").ok()?;
-    url.set_password(None).ok()?;
-    url.path_segments_mut()
-        .ok()?
-        .pop_if_empty()
-        .extend(["api", "queues", "/", queue]);
-    let reply = reqwest::Client::new()
-        .get(url)
-        .basic_auth(base.username(), base.password())
-        .timeout(std::time::Duration::from_secs(3))
-        .send()
-        .await
-        .ok()?;
-    let body: serde_json::Value = reply.error_for_status().ok()?.json().await.ok()?;
-    body["messages_unacknowledged"].as_u64()
 }
 
 /// The server's connections near its limit, said once: the services

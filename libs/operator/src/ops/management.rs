@@ -1,5 +1,6 @@
-//! The bindings each subscriber needs, held to the broker's, from its
-//! management API (issue 43): a queue that exists but is not bound to a
+//! What `status` reads from RabbitMQ's management API, which AMQP does not
+//! tell: unacked counts, and the bindings each subscriber needs held to
+//! the broker's (issue 43): a queue that exists but is not bound to a
 //! routing key of its subscription receives none of those events, and no
 //! passive declare of the queue says so. An ordered subscription is bound
 //! twice: the events exchange to its partitions' exchange, and that
@@ -83,4 +84,25 @@ pub(super) async fn missing(estate: &Estate) -> Option<Vec<String>> {
         }
     }
     Some(missing)
+}
+
+/// `messages_unacknowledged` from the management API, if it answers.
+pub(super) async fn unacked(management_url: &str, queue: &str) -> Option<u64> {
+    let base = reqwest::Url::parse(management_url).ok()?;
+    let mut url = base.clone();
+    url.set_username("").ok()?;
+    url.set_password(None).ok()?;
+    url.path_segments_mut()
+        .ok()?
+        .pop_if_empty()
+        .extend(["api", "queues", "/", queue]);
+    let reply = reqwest::Client::new()
+        .get(url)
+        .basic_auth(base.username(), base.password())
+        .timeout(std::time::Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    let body: serde_json::Value = reply.error_for_status().ok()?.json().await.ok()?;
+    body["messages_unacknowledged"].as_u64()
 }
