@@ -50,6 +50,9 @@ impl<A: Apply> Consumer<A> {
         };
         // Set aside without a retry: parked or dead-lettered now.
         let set_aside = worn.is_some();
+        // A try ends when its outcome is decided and committed, before the
+        // ack: a channel lost after the commit, or a shutdown, hands the
+        // delivery back without the consumer having died on it (tries.rs).
         let settled = async || {
             if self.handed_back(&delivery) {
                 A::forget_tries(self, &event).await;
@@ -64,12 +67,12 @@ impl<A: Apply> Consumer<A> {
             };
             let failure = match applied {
                 Ok(outcome) => {
+                    settled().await;
                     self.config
                         .fail_points
                         .check(failpoint::CONSUMER_AFTER_COMMIT)?;
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
                     self.count(&event, outcome);
-                    settled().await;
                     return Ok(true);
                 }
                 Err(ApplyError::FailPoint(name)) => return Err(Error::FailPoint(name)),
@@ -110,9 +113,9 @@ impl<A: Apply> Consumer<A> {
                             return Err(Error::Upstream(format!("cannot park: {e}")));
                         }
                     };
+                    settled().await;
                     broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
                     self.count(&event, outcome);
-                    settled().await;
                     return Ok(true);
                 }
                 tracing::error!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, tries, "handler failed for good; dead-lettering");
@@ -121,8 +124,8 @@ impl<A: Apply> Consumer<A> {
                 } else {
                     "handler_failed"
                 };
-                self.dead_letter(&delivery, reason).await?;
                 settled().await;
+                self.dead_letter(&delivery, reason).await?;
                 return Ok(true);
             };
             tracing::warn!(consumer = %self.config.name, message_id = %event.message_id(), error = %failure, retry_in = ?wait, "handler failed; retrying");
@@ -130,7 +133,10 @@ impl<A: Apply> Consumer<A> {
             metrics::counter!(crate::metrics::CONSUMER_RETRIES, "consumer" => self.config.name.clone())
                 .increment(1);
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(false),
+                () = shutdown.cancelled() => {
+                    settled().await;
+                    return Ok(false);
+                }
                 () = tokio::time::sleep(wait) => {}
             }
         }

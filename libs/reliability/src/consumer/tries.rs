@@ -11,6 +11,13 @@
 //! at [`CRASH_TRIES`], while its neighbours' returns are still below the
 //! returns' bound (`settle::worn_after`), which stays for the deaths no try
 //! explains (a channel lost, again and again).
+//!
+//! A try ends, and its record is forgotten, once its outcome is committed
+//! (applied, a duplicate, parked) or decided (a dead letter, a shutdown),
+//! before the ack: a try counts only when its consumer died between the
+//! record and the commit. An ack lost with its channel after the commit
+//! (a broker node going, again and again) is not a death on the event;
+//! counted as one, it dead-lettered an applied event (e2e, session 30).
 
 use lapin::message::Delivery;
 

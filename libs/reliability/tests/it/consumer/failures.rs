@@ -187,6 +187,50 @@ async fn a_message_that_keeps_crashing_its_consumer_is_dead_lettered_alone() {
     db.cleanup().await;
 }
 
+/// A message whose ack is lost after its commit, time after time (its
+/// channel gone with a broker node), was applied each time: no try of it
+/// ended in its consumer's death, and it is acked, never set aside as one
+/// that crashes its consumer. Counted from the record to the ack, its
+/// third hand-back dead-lettered it, applied (shown in session 30).
+#[tokio::test]
+async fn a_message_whose_ack_is_lost_after_each_commit_is_never_set_aside() {
+    let (db, broker, mut cfg) = setup().await;
+    cfg.lanes = 1;
+    let queue = cfg.queue.queue.clone();
+    let event = envelope("svc", 1, 1, "agg", "Added", 1);
+    broker
+        .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
+        .await;
+    let dlq = broker::dead_letter_queue(&queue);
+    for _ in 0..=consumer::CRASH_TRIES {
+        wait_until(DEADLINE, "the message back on the queue", || async {
+            broker.depth(&queue).await == 1
+        })
+        .await;
+        cfg.fail_points
+            .arm(failpoint::CONSUMER_AFTER_COMMIT, Action::Error);
+        let (_stop, _, task) = start(&db, cfg.clone(), AddingHandler::default());
+        assert!(
+            task.await.unwrap().is_err(),
+            "lost its ack after the commit"
+        );
+    }
+    cfg.fail_points = Default::default();
+    let (stop, consumer, task) = start(&db, cfg.clone(), AddingHandler::default());
+    wait_until(DEADLINE, "the message settled", || async {
+        broker.depth(&queue).await == 0
+            && consumer.stats().duplicates + consumer.stats().dead_lettered == 1
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(broker.depth(&dlq).await, 0, "never dead-lettered");
+    assert_eq!(consumer.stats().duplicates, 1);
+    assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 1, 1)]);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
     let (db, broker, cfg) = setup().await;
