@@ -4,8 +4,6 @@
 
 use std::process::{Command, Stdio};
 
-use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use reliability::broker;
 use testkit::{Broker, amqp_url};
 
@@ -22,27 +20,9 @@ fn cli(args: &[&str]) -> std::process::Output {
 async fn a_redrive_dry_run_counts_what_a_filter_matches_and_moves_nothing() {
     let broker = Broker::new().await;
     let queue = broker.queue(&["svc.*"]).await;
-    let dlq = broker::dead_letter_queue(&queue);
-    let ch = broker.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions { nowait: false })
-        .await
-        .unwrap();
-    for (id, kind) in [("svc:1", "A"), ("svc:2", "B"), ("svc:3", "A")] {
-        let props = BasicProperties::default()
-            .with_message_id(id.into())
-            .with_type(kind.into());
-        ch.basic_publish(
-            "".into(),
-            dlq.as_str().into(),
-            BasicPublishOptions::default(),
-            id.as_bytes(),
-            props,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
+    let dlq = broker
+        .dead_letters(&queue, &[("svc:1", "A"), ("svc:2", "B"), ("svc:3", "A")])
+        .await;
     let dry_run = |filter: &[&str]| {
         let mut args = vec!["--json", "queue", "dlq", "redrive", &queue, "--dry-run"];
         args.extend_from_slice(filter);

@@ -34,17 +34,20 @@ pub struct Metric {
     pub help: &'static str,
 }
 
-const fn m(
-    name: &'static str,
-    kind: Kind,
-    labels: &'static [&'static str],
-    help: &'static str,
-) -> Metric {
-    Metric {
-        name,
-        kind,
-        labels,
-        help,
+impl Metric {
+    /// A catalogue entry; `const`, so that each catalogue is a static list.
+    pub const fn new(
+        name: &'static str,
+        kind: Kind,
+        labels: &'static [&'static str],
+        help: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            kind,
+            labels,
+            help,
+        }
     }
 }
 
@@ -86,13 +89,13 @@ pub const MAINTENANCE_ERRORS: &str = "maintenance_errors_total";
 use Kind::{Counter, Gauge, Histogram};
 
 /// The per-tenant outbox view ([`Family`]s: the top tenants change).
-pub const OUTBOX_TENANT_PENDING_METRIC: Metric = m(
+pub const OUTBOX_TENANT_PENDING_METRIC: Metric = Metric::new(
     OUTBOX_TENANT_PENDING,
     Gauge,
     &["source", "tenant"],
     "Unpublished outbox rows of the top tenants by backlog; the rest summed as tenant=\"other\".",
 );
-pub const OUTBOX_TENANT_LAG_METRIC: Metric = m(
+pub const OUTBOX_TENANT_LAG_METRIC: Metric = Metric::new(
     OUTBOX_TENANT_LAG,
     Gauge,
     &["source", "tenant"],
@@ -102,38 +105,38 @@ pub const OUTBOX_TENANT_LAG_METRIC: Metric = m(
 /// Every metric this crate records, with its labels and HELP text.
 #[rustfmt::skip]
 pub const CATALOGUE: &[Metric] = &[
-    m(BUILD_INFO, Gauge, &["service", "role", "version", "commit"], "Always 1; the labels say what runs."),
-    m(PROCESS_CPU, Gauge, &[], "CPU time (user and system) the process has used since it started, in seconds (a gauge read from /proc; rate() it)."),
-    m(PROCESS_RESIDENT_MEMORY, Gauge, &[], "Resident memory of the process."),
-    m(PROCESS_OPEN_FDS, Gauge, &[], "File descriptors the process holds open (sockets included)."),
-    m(PROCESS_START_TIME, Gauge, &[], "When the process started (Unix seconds)."),
-    m(DB_POOL_CONNECTIONS, Gauge, &["pool", "state"], "Connections of each pool (app, relay, owner), idle or in use."),
-    m(DB_POOL_MAX, Gauge, &["pool"], "The most connections each pool may open."),
-    m(OUTBOX_PUBLISHED, Counter, &["source"], "Outbox rows published and confirmed by the broker."),
-    m(OUTBOX_PUBLISH_FAILURES, Counter, &["source", "event_type"], "Outbox publishes that failed (the row is retried with backoff)."),
-    m(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes not confirmed: no confirm in time, or nacked by a queue that could not take them (the row is published again, no attempt spent)."),
-    m(OUTBOX_LAG, Gauge, &["source"], "Age of the oldest unpublished outbox row."),
-    m(OUTBOX_PENDING, Gauge, &["source"], "Outbox rows not yet published."),
-    m(OUTBOX_DLQ_DEPTH, Gauge, &["source"], "Rows in outbox_messages_dlq (attempts exhausted)."),
-    m(OUTBOX_MAX_ATTEMPTS, Gauge, &["source"], "Most failed attempts of a row still pending."),
-    m(OUTBOX_BROKER_BLOCKED, Gauge, &["source"], "1 while the broker blocks the relay's connection (a memory or disk alarm): the relay waits on it, claiming nothing."),
+    Metric::new(BUILD_INFO, Gauge, &["service", "role", "version", "commit"], "Always 1; the labels say what runs."),
+    Metric::new(PROCESS_CPU, Gauge, &[], "CPU time (user and system) the process has used since it started, in seconds (a gauge read from /proc; rate() it)."),
+    Metric::new(PROCESS_RESIDENT_MEMORY, Gauge, &[], "Resident memory of the process."),
+    Metric::new(PROCESS_OPEN_FDS, Gauge, &[], "File descriptors the process holds open (sockets included)."),
+    Metric::new(PROCESS_START_TIME, Gauge, &[], "When the process started (Unix seconds)."),
+    Metric::new(DB_POOL_CONNECTIONS, Gauge, &["pool", "state"], "Connections of each pool (app, relay, owner), idle or in use."),
+    Metric::new(DB_POOL_MAX, Gauge, &["pool"], "The most connections each pool may open."),
+    Metric::new(OUTBOX_PUBLISHED, Counter, &["source"], "Outbox rows published and confirmed by the broker."),
+    Metric::new(OUTBOX_PUBLISH_FAILURES, Counter, &["source", "event_type"], "Outbox publishes that failed (the row is retried with backoff)."),
+    Metric::new(OUTBOX_UNCONFIRMED, Counter, &["source"], "Publishes not confirmed: no confirm in time, or nacked by a queue that could not take them (the row is published again, no attempt spent)."),
+    Metric::new(OUTBOX_LAG, Gauge, &["source"], "Age of the oldest unpublished outbox row."),
+    Metric::new(OUTBOX_PENDING, Gauge, &["source"], "Outbox rows not yet published."),
+    Metric::new(OUTBOX_DLQ_DEPTH, Gauge, &["source"], "Rows in outbox_messages_dlq (attempts exhausted)."),
+    Metric::new(OUTBOX_MAX_ATTEMPTS, Gauge, &["source"], "Most failed attempts of a row still pending."),
+    Metric::new(OUTBOX_BROKER_BLOCKED, Gauge, &["source"], "1 while the broker blocks the relay's connection (a memory or disk alarm): the relay waits on it, claiming nothing."),
     OUTBOX_TENANT_PENDING_METRIC,
     OUTBOX_TENANT_LAG_METRIC,
-    m(CONSUMER_MESSAGES, Counter, &["consumer", "outcome"], "Deliveries finished: applied, or duplicate (already applied)."),
-    m(CONSUMER_RETRIES, Counter, &["consumer"], "Failed tries that were retried."),
-    m(CONSUMER_DEAD_LETTERED, Counter, &["consumer", "reason"], "Deliveries sent to the consumer's DLQ."),
-    m(CONSUMER_GROUP_FALLBACKS, Counter, &["consumer"], "Grouped commits that failed and were applied one delivery at a time."),
-    m(CONSUMER_REDELIVERED, Counter, &["consumer"], "Deliveries that came back: a channel or connection closed before acking them (each counts toward the queue's delivery limit)."),
-    m(CONSUMER_LANE_RESTARTS, Counter, &["consumer"], "Lanes that lost their connection or channel and reconnected on their own, the other lanes going on."),
-    m(CONSUMER_QUEUE_DEPTH, Gauge, &["consumer"], "Messages ready in the consumer's queue (its lag, in messages)."),
-    m(CONSUMER_DLQ_DEPTH, Gauge, &["consumer"], "Messages waiting in the consumer's DLQ."),
-    m(CONSUMER_LAST_APPLIED, Gauge, &["consumer"], "When this process last finished a delivery (Unix seconds)."),
-    m(CONSUMER_PARKED, Counter, &["consumer"], "Events of an ordered subscription parked: the one that failed for good, and each later event of its aggregate."),
-    m(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
-    m(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
-    m(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
-    m(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
-    m(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
+    Metric::new(CONSUMER_MESSAGES, Counter, &["consumer", "outcome"], "Deliveries finished: applied, or duplicate (already applied)."),
+    Metric::new(CONSUMER_RETRIES, Counter, &["consumer"], "Failed tries that were retried."),
+    Metric::new(CONSUMER_DEAD_LETTERED, Counter, &["consumer", "reason"], "Deliveries sent to the consumer's DLQ."),
+    Metric::new(CONSUMER_GROUP_FALLBACKS, Counter, &["consumer"], "Grouped commits that failed and were applied one delivery at a time."),
+    Metric::new(CONSUMER_REDELIVERED, Counter, &["consumer"], "Deliveries that came back: a channel or connection closed before acking them (each counts toward the queue's delivery limit)."),
+    Metric::new(CONSUMER_LANE_RESTARTS, Counter, &["consumer"], "Lanes that lost their connection or channel and reconnected on their own, the other lanes going on."),
+    Metric::new(CONSUMER_QUEUE_DEPTH, Gauge, &["consumer"], "Messages ready in the consumer's queue (its lag, in messages)."),
+    Metric::new(CONSUMER_DLQ_DEPTH, Gauge, &["consumer"], "Messages waiting in the consumer's DLQ."),
+    Metric::new(CONSUMER_LAST_APPLIED, Gauge, &["consumer"], "When this process last finished a delivery (Unix seconds)."),
+    Metric::new(CONSUMER_PARKED, Counter, &["consumer"], "Events of an ordered subscription parked: the one that failed for good, and each later event of its aggregate."),
+    Metric::new(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
+    Metric::new(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
+    Metric::new(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
+    Metric::new(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
+    Metric::new(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
 ];
 
 /// `consumer_event_age_seconds`'s buckets, in seconds.
@@ -309,7 +312,7 @@ mod tests {
 
     #[test]
     fn a_family_replaces_its_series_whole() {
-        static M: Metric = m("test_family", Kind::Gauge, &["source", "tenant"], "test");
+        static M: Metric = Metric::new("test_family", Kind::Gauge, &["source", "tenant"], "test");
         let family = Family::new(&M);
         family.set("a", [(vec!["a".into(), "1".into()], 3.0)]);
         family.set("a", [(vec!["a".into(), "2\"x".into()], 4.0)]);

@@ -16,32 +16,18 @@ pub const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
 pub const HTTP_RATE_LIMITED: &str = "http_rate_limited_total";
 pub const HTTP_UNAVAILABLE: &str = "http_unavailable_total";
 
-const fn m(
-    name: &'static str,
-    kind: Kind,
-    labels: &'static [&'static str],
-    help: &'static str,
-) -> Metric {
-    Metric {
-        name,
-        kind,
-        labels,
-        help,
-    }
-}
-
 #[rustfmt::skip]
 pub const CATALOGUE: &[Metric] = &[
-    m(IDEMPOTENCY_HITS, Counter, &["scope"], "Requests answered from a stored Idempotency-Key response."),
-    m(IDEMPOTENCY_MISSES, Counter, &["scope"], "Requests that claimed a fresh Idempotency-Key."),
-    m(IDEMPOTENCY_CONFLICTS, Counter, &["scope"], "Keys reused with a different request (422)."),
-    m(IDEMPOTENCY_IN_FLIGHT, Counter, &["scope"], "Requests refused because the same key was still being processed (409)."),
-    m(IDEMPOTENCY_CHECK_DURATION, Histogram, &["scope"], "Time to claim or replay an Idempotency-Key."),
-    m(HTTP_REQUESTS, Counter, &["method", "route", "status"], "HTTP requests, by matched route."),
-    m(HTTP_REQUEST_DURATION, Histogram, &["method", "route"], "HTTP request latency."),
-    m(HTTP_RATE_LIMITED, Counter, &["scope"], "Requests refused by the per-tenant rate limit (429)."),
-    m(HTTP_UNAVAILABLE, Counter, &[], "Requests answered 503 because a dependency was unavailable."),
-    m(crate::admission::ADMITTED, Counter, &[], "Requests a gated route admitted: the tenant was under its bound of work in flight."),
-    m(crate::admission::REFUSED, Counter, &[], "Requests a gated route refused (429 backlog_full): the tenant was at its bound of work in flight."),
-    m(crate::admission::UNKNOWN, Counter, &[], "Requests admitted because the tenant's work in flight could not be counted."),
+    Metric::new(IDEMPOTENCY_HITS, Counter, &["scope"], "Requests answered from a stored Idempotency-Key response."),
+    Metric::new(IDEMPOTENCY_MISSES, Counter, &["scope"], "Requests that claimed a fresh Idempotency-Key."),
+    Metric::new(IDEMPOTENCY_CONFLICTS, Counter, &["scope"], "Keys reused with a different request (422)."),
+    Metric::new(IDEMPOTENCY_IN_FLIGHT, Counter, &["scope"], "Requests refused because the same key was still being processed (409)."),
+    Metric::new(IDEMPOTENCY_CHECK_DURATION, Histogram, &["scope"], "Time to claim or replay an Idempotency-Key."),
+    Metric::new(HTTP_REQUESTS, Counter, &["method", "route", "status"], "HTTP requests, by matched route."),
+    Metric::new(HTTP_REQUEST_DURATION, Histogram, &["method", "route"], "HTTP request latency."),
+    Metric::new(HTTP_RATE_LIMITED, Counter, &["scope"], "Requests refused by the per-tenant rate limit (429)."),
+    Metric::new(HTTP_UNAVAILABLE, Counter, &[], "Requests answered 503 because a dependency was unavailable."),
+    Metric::new(crate::admission::ADMITTED, Counter, &[], "Requests a gated route admitted: the tenant was under its bound of work in flight."),
+    Metric::new(crate::admission::REFUSED, Counter, &[], "Requests a gated route refused (429 backlog_full): the tenant was at its bound of work in flight."),
+    Metric::new(crate::admission::UNKNOWN, Counter, &[], "Requests admitted because the tenant's work in flight could not be counted."),
 ];

@@ -92,6 +92,12 @@ impl Broker {
 
     /// Publishes raw bytes straight onto `queue` (default exchange), confirmed.
     pub async fn publish_to_queue(&self, queue: &str, body: &[u8]) {
+        self.publish_with(queue, body, BasicProperties::default())
+            .await;
+    }
+
+    /// [`Broker::publish_to_queue`] with the message's properties.
+    pub async fn publish_with(&self, queue: &str, body: &[u8], properties: BasicProperties) {
         let ch = self.conn.create_channel().await.unwrap();
         ch.confirm_select(ConfirmSelectOptions { nowait: false })
             .await
@@ -101,12 +107,27 @@ impl Broker {
             queue.into(),
             BasicPublishOptions::default(),
             body,
-            BasicProperties::default(),
+            properties,
         )
         .await
         .unwrap()
         .await
         .unwrap();
+        let _ = ch.close(200, "published".into()).await;
+    }
+
+    /// Puts `letters` (message id, event type), in that order, in the
+    /// dead-letter queue of `queue`, each with its id as its body; returns
+    /// that queue's name.
+    pub async fn dead_letters(&self, queue: &str, letters: &[(&str, &str)]) -> String {
+        let dlq = broker::dead_letter_queue(queue);
+        for (id, kind) in letters {
+            let properties = BasicProperties::default()
+                .with_message_id((*id).into())
+                .with_type((*kind).into());
+            self.publish_with(&dlq, id.as_bytes(), properties).await;
+        }
+        dlq
     }
 
     /// Deletes an ordered subscription's partition queues, DLQ and hash

@@ -21,7 +21,7 @@ use futures_util::FutureExt;
 use testkit::amqp_url;
 
 use report::{Row, report, untouched_row, verified_row};
-use run::{LAYOUT, Run, SKIPPED, Scenario, bin, settle};
+use run::{LAYOUT, Run, SKIPPED, Scenario, bin, charge_dead_letters, settle};
 
 mod alarm;
 mod crashes;
@@ -204,6 +204,9 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
                     "   FAIL {name} ({secs:.1} s): {}",
                     verdict.violations.join("; ")
                 );
+                if let Err(e) = charge_dead_letters(&mut run).await {
+                    println!("   dead letters not counted: {e:#}");
+                }
                 // Where the missing work waits, if in the broker: ready,
                 // held unacked by a live channel or by none (a queue's
                 // unacked beyond its channels' sum), or never routed (a

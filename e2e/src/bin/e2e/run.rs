@@ -89,12 +89,8 @@ pub(crate) async fn settle(run: &Run, tenant: i64) -> anyhow::Result<Verdict> {
 
 /// Every DLQ holds exactly the poison injected on purpose, nothing else.
 pub(crate) async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Result<()> {
-    let conn = reliability::broker::connect(&amqp_url(), "e2e-checker").await?;
-    let channel = reliability::broker::bounded(conn.create_channel()).await?;
-    for c in CONSUMERS {
-        let dlq = reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}"));
-        let depth =
-            reliability::broker::bounded(reliability::broker::queue_depth(&channel, &dlq)).await?;
+    let (queues, rows) = dead_letter_depths(run).await?;
+    for (dlq, depth) in queues {
         let expected = run.poison.get(&dlq).copied().unwrap_or(0);
         verdict.dead_letters += depth;
         if depth != expected {
@@ -102,14 +98,6 @@ pub(crate) async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Re
                 "DLQ: {dlq} holds {depth} messages, {expected} injected"
             ));
         }
-    }
-    let _ = reliability::broker::bounded(conn.close(200, "checked".into())).await;
-    let mut rows = 0;
-    for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
-            .fetch_one(pool)
-            .await?;
-        rows += n;
     }
     verdict.dead_letters += u32::try_from(rows).unwrap_or(u32::MAX);
     if rows != run.outbox_poison {
@@ -119,6 +107,39 @@ pub(crate) async fn dead_letters(run: &Run, verdict: &mut Verdict) -> anyhow::Re
         ));
     }
     Ok(())
+}
+
+/// After a failed scenario: the dead letters it left are its own, and the
+/// next scenario is judged on the letters it makes. Counted against every
+/// later one, one stray letter failed each of them, and each waited
+/// [`QUIET`] for the letter to go (a CI run, session 29).
+pub(crate) async fn charge_dead_letters(run: &mut Run) -> anyhow::Result<()> {
+    let (queues, rows) = dead_letter_depths(run).await?;
+    run.poison.extend(queues);
+    run.outbox_poison = rows;
+    Ok(())
+}
+
+/// Each consumer's DLQ depth, and the rows of the outbox DLQ tables.
+async fn dead_letter_depths(run: &Run) -> anyhow::Result<(Vec<(String, u32)>, i64)> {
+    let conn = reliability::broker::connect(&amqp_url(), "e2e-checker").await?;
+    let channel = reliability::broker::bounded(conn.create_channel()).await?;
+    let mut queues = Vec::new();
+    for c in CONSUMERS {
+        let dlq = reliability::broker::dead_letter_queue(&format!("{PREFIX}{c}"));
+        let depth =
+            reliability::broker::bounded(reliability::broker::queue_depth(&channel, &dlq)).await?;
+        queues.push((dlq, depth));
+    }
+    let _ = reliability::broker::bounded(conn.close(200, "checked".into())).await;
+    let mut rows = 0;
+    for pool in [&run.dbs.orders, &run.dbs.inventory, &run.dbs.payments] {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
+            .fetch_one(pool)
+            .await?;
+        rows += n;
+    }
+    Ok((queues, rows))
 }
 
 /// The tenant's outbox rows relayed and its orders decided (between the

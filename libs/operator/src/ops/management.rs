@@ -19,17 +19,15 @@ struct Binding {
     routing_key: String,
 }
 
-/// Every binding the broker holds on the default virtual host, or None
-/// when its management API does not answer.
-async fn bindings(management_url: &str) -> Option<Vec<Binding>> {
+/// GET `path` (its segments, escaped) of the management API, with the
+/// URL's credentials as basic auth and a 3 s bound; None when it does not
+/// answer, or answers with an error.
+async fn get<T: serde::de::DeserializeOwned>(management_url: &str, path: &[&str]) -> Option<T> {
     let base = reqwest::Url::parse(management_url).ok()?;
     let mut url = base.clone();
     url.set_username("").ok()?;
     url.set_password(None).ok()?;
-    url.path_segments_mut()
-        .ok()?
-        .pop_if_empty()
-        .extend(["api", "bindings", "/"]);
+    url.path_segments_mut().ok()?.pop_if_empty().extend(path);
     let reply = reqwest::Client::new()
         .get(url)
         .basic_auth(base.username(), base.password())
@@ -38,6 +36,11 @@ async fn bindings(management_url: &str) -> Option<Vec<Binding>> {
         .await
         .ok()?;
     reply.error_for_status().ok()?.json().await.ok()
+}
+
+/// Every binding the broker holds on the default virtual host.
+async fn bindings(management_url: &str) -> Option<Vec<Binding>> {
+    get(management_url, &["api", "bindings", "/"]).await
 }
 
 /// What the estate's subscriptions need bound and the broker does not
@@ -88,21 +91,6 @@ pub(super) async fn missing(estate: &Estate) -> Option<Vec<String>> {
 
 /// `messages_unacknowledged` from the management API, if it answers.
 pub(super) async fn unacked(management_url: &str, queue: &str) -> Option<u64> {
-    let base = reqwest::Url::parse(management_url).ok()?;
-    let mut url = base.clone();
-    url.set_username("").ok()?;
-    url.set_password(None).ok()?;
-    url.path_segments_mut()
-        .ok()?
-        .pop_if_empty()
-        .extend(["api", "queues", "/", queue]);
-    let reply = reqwest::Client::new()
-        .get(url)
-        .basic_auth(base.username(), base.password())
-        .timeout(std::time::Duration::from_secs(3))
-        .send()
-        .await
-        .ok()?;
-    let body: serde_json::Value = reply.error_for_status().ok()?.json().await.ok()?;
+    let body: serde_json::Value = get(management_url, &["api", "queues", "/", queue]).await?;
     body["messages_unacknowledged"].as_u64()
 }

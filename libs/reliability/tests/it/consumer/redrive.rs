@@ -2,7 +2,6 @@
 //! others stay in the dead-letter queue, in their order.
 
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use reliability::broker::{self, DeadLetterFilter};
 
 use crate::support::Broker;
@@ -12,28 +11,7 @@ use crate::support::Broker;
 async fn dead_letters(letters: &[(&str, &str)]) -> (Broker, String, String) {
     let broker = Broker::new().await;
     let queue = broker.queue(&["svc.*"]).await;
-    let dlq = broker::dead_letter_queue(&queue);
-    let ch = broker.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions { nowait: false })
-        .await
-        .unwrap();
-    for (id, kind) in letters {
-        let props = BasicProperties::default()
-            .with_message_id((*id).into())
-            .with_type((*kind).into());
-        ch.basic_publish(
-            "".into(),
-            dlq.as_str().into(),
-            BasicPublishOptions::default(),
-            id.as_bytes(),
-            props,
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    }
-    let _ = ch.close(200, "done".into()).await;
+    let dlq = broker.dead_letters(&queue, letters).await;
     (broker, queue, dlq)
 }
 
@@ -178,23 +156,15 @@ async fn an_ordered_subscriptions_dead_letters_are_re_driven_to_its_partitions()
         ShortString::from("x-first-death-reason"),
         AMQPValue::LongString("delivery_limit".into()),
     );
-    let ch = broker.conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions { nowait: false })
-        .await
-        .unwrap();
-    ch.basic_publish(
-        "".into(),
-        dlq.as_str().into(),
-        BasicPublishOptions::default(),
-        b"letter",
-        BasicProperties::default()
-            .with_message_id("svc:7".into())
-            .with_headers(headers),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    broker
+        .publish_with(
+            &dlq,
+            b"letter",
+            BasicProperties::default()
+                .with_message_id("svc:7".into())
+                .with_headers(headers),
+        )
+        .await;
 
     let moved =
         broker::redrive_dead_letters(&broker.conn, &spec.queue, 10, &DeadLetterFilter::default())
