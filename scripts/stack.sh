@@ -17,6 +17,12 @@ ADMIN_DATABASE_URL=${ADMIN_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/p
 AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 PROFILE=${PROFILE:-debug}
 export AMQP_URL JWT_SECRET=${JWT_SECRET:-dev-secret-change-me}
+# The same broker's management API (enabled below): each consumer holds its
+# bindings to the broker's there, for its /readyz.
+_amqp=${AMQP_URL#amqp://}
+_host=${_amqp#*@}; _host=${_host%%[:/]*}
+export RABBITMQ_MANAGEMENT_URL=${RABBITMQ_MANAGEMENT_URL:-http://${_amqp%%@*}@$_host:15672}
+unset _amqp _host
 
 # name:port, the provider's simulator and then services/roster.txt (the one
 # list of the services); each service's database is of its own name.

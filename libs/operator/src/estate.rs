@@ -25,7 +25,7 @@ pub struct Estate {
     #[arg(
         long,
         env = "RABBITMQ_MANAGEMENT_URL",
-        default_value = "http://guest:guest@127.0.0.1:15672",
+        default_value = service_kit::bindings::MANAGEMENT_URL,
         hide_env_values = true
     )]
     management_url: String,

@@ -1,7 +1,7 @@
 //! Operators' views across every service at once: [`status`] (what is
 //! stuck, where, since when) and [`explain`] (one business key's path
-//! through every service). The `reliability` CLI prints them; tests call
-//! them directly.
+//! through every service), and [`outbox`] (a service's outbox and its DLQ
+//! table). The `reliability` CLI prints them; tests call them directly.
 
 use sqlx::PgPool;
 
@@ -9,6 +9,7 @@ use contracts::topology::Subscription;
 
 pub mod explain;
 mod management;
+pub mod outbox;
 pub mod status;
 
 /// Where the views look.

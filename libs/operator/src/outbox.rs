@@ -2,7 +2,8 @@
 //! service database's reliability tables.
 
 use clap::Subcommand;
-use reliability::{TenantId, consumer, maintenance, relay};
+use operator::ops::outbox;
+use reliability::{TenantId, consumer, maintenance};
 use service_kit::idempotency;
 use sqlx::PgPool;
 
@@ -110,11 +111,11 @@ async fn dlq_count(pool: &PgPool, ids: Option<&[i64]>) -> anyhow::Result<u64> {
 
 pub async fn outbox(pool: &PgPool, command: OutboxCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        OutboxCommand::Status => print(json, &[relay::outbox_status(pool).await?]),
+        OutboxCommand::Status => print(json, &[outbox::outbox_status(pool).await?]),
         OutboxCommand::Dlq { command } => match command {
-            OutboxDlq::List { limit } => print(json, &relay::list_dlq(pool, limit).await?),
+            OutboxDlq::List { limit } => print(json, &outbox::list_dlq(pool, limit).await?),
             OutboxDlq::Show { id } => {
-                let entry = relay::show_dlq(pool, id)
+                let entry = outbox::show_dlq(pool, id)
                     .await?
                     .ok_or_else(|| anyhow::anyhow!("no outbox DLQ row {id}"))?;
                 match json {
@@ -128,7 +129,7 @@ pub async fn outbox(pool: &PgPool, command: OutboxCommand, json: bool) -> anyhow
                 let matched = dlq_count(pool, ids).await?;
                 let action = format!("re-drive {matched} outbox DLQ row(s) into the outbox");
                 let changed = match confirm.proceed(&action)? {
-                    true => relay::redrive_dlq(pool, ids).await?,
+                    true => outbox::redrive_dlq(pool, ids).await?,
                     false => 0,
                 };
                 done(json, action, matched, changed, confirm)
@@ -139,7 +140,7 @@ pub async fn outbox(pool: &PgPool, command: OutboxCommand, json: bool) -> anyhow
                 let matched = dlq_count(pool, ids).await?;
                 let action = format!("delete {matched} outbox DLQ row(s) for good");
                 let changed = match confirm.proceed(&action)? {
-                    true => relay::purge_dlq(pool, ids).await?,
+                    true => outbox::purge_dlq(pool, ids).await?,
                     false => 0,
                 };
                 done(json, action, matched, changed, confirm)

@@ -6,18 +6,12 @@
 use contracts::topology::Subscription;
 use operator::ops::{self, status};
 use reliability::broker::{self, QueueSpec};
-use testkit::{Broker, amqp_url, unique};
+use testkit::{Broker, amqp_url, management_url, unique};
 
 static SUBSCRIPTIONS: &[Subscription] = &[
     Subscription::new("shop.views", &["svc.A", "svc.B"]),
     Subscription::new("shop.history", &["svc.C"]).ordered(2),
 ];
-
-/// The management API's URL beside `AMQP_URL`'s broker.
-fn management_url() -> String {
-    std::env::var("RABBITMQ_MANAGEMENT_URL")
-        .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
-}
 
 #[tokio::test]
 async fn status_names_a_binding_the_broker_lost() {

@@ -23,15 +23,10 @@ use crate::health::Health;
 use crate::trace::Span;
 use crate::{Error, Result};
 
-mod dlq;
 mod order;
 mod publish;
 mod record;
 mod run;
-
-pub use dlq::{
-    DlqEntry, DlqRow, OutboxStatus, list_dlq, outbox_status, purge_dlq, redrive_dlq, show_dlq,
-};
 
 /// The relay's name in `/readyz`.
 const HEALTH_PART: &str = "relay";

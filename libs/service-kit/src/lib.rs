@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod bindings;
 pub mod http;
 pub mod idempotency;
 pub mod metrics;

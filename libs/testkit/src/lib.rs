@@ -50,6 +50,13 @@ pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// The management API of `AMQP_URL`'s broker: `RABBITMQ_MANAGEMENT_URL`,
+/// or the local one's.
+pub fn management_url() -> String {
+    std::env::var("RABBITMQ_MANAGEMENT_URL")
+        .unwrap_or_else(|_| service_kit::bindings::MANAGEMENT_URL.to_owned())
+}
+
 /// A service's shared settings for a test: the local defaults, but the
 /// broker of `AMQP_URL` (the one every other part of the test talks to).
 pub fn common_settings() -> service_kit::service::CommonSettings {

@@ -5,8 +5,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::Estate;
-use reliability::{TenantId, broker, maintenance, relay};
+use super::{Estate, outbox};
+use reliability::{TenantId, broker, maintenance};
 use service_kit::admission::AdmissionLimits;
 
 #[derive(Debug, Clone, Serialize)]
@@ -33,7 +33,7 @@ pub struct Status {
 pub struct OutboxLine {
     pub service: String,
     #[serde(flatten)]
-    pub status: Option<relay::OutboxStatus>,
+    pub status: Option<outbox::OutboxStatus>,
     pub error: Option<String>,
 }
 
@@ -171,7 +171,7 @@ pub async fn status(estate: &Estate) -> Status {
             line.service = service.clone();
             conns.push(line);
         }
-        let (status, error) = match relay::outbox_status(pool).await {
+        let (status, error) = match outbox::outbox_status(pool).await {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e.to_string())),
         };

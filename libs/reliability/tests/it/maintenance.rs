@@ -149,32 +149,32 @@ async fn an_operator_can_show_and_purge_outbox_dlq_rows() {
     .execute(&db.owner)
     .await
     .unwrap();
-    let entry = reliability::relay::show_dlq(&db.owner, 2)
+    let entry = operator::ops::outbox::show_dlq(&db.owner, 2)
         .await
         .unwrap()
         .unwrap();
     assert_eq!((entry.payload["n"].as_i64(), entry.attempts), (Some(2), 11));
     assert!(
-        reliability::relay::show_dlq(&db.owner, 9)
+        operator::ops::outbox::show_dlq(&db.owner, 9)
             .await
             .unwrap()
             .is_none()
     );
     assert_eq!(
-        reliability::relay::purge_dlq(&db.owner, Some(&[1, 9]))
+        operator::ops::outbox::purge_dlq(&db.owner, Some(&[1, 9]))
             .await
             .unwrap(),
         1
     );
     assert_eq!(
-        reliability::relay::list_dlq(&db.owner, 10)
+        operator::ops::outbox::list_dlq(&db.owner, 10)
             .await
             .unwrap()
             .len(),
         2
     );
     assert_eq!(
-        reliability::relay::purge_dlq(&db.owner, None)
+        operator::ops::outbox::purge_dlq(&db.owner, None)
             .await
             .unwrap(),
         2

@@ -49,6 +49,8 @@ pub struct Tasks {
     set: JoinSet<(String, Result<()>)>,
     shutdown: CancellationToken,
     health: Health,
+    /// The management API where each consumer's bindings are read.
+    bindings_at: Option<String>,
 }
 
 impl Tasks {
@@ -57,7 +59,14 @@ impl Tasks {
             set: JoinSet::new(),
             shutdown,
             health: Health::default(),
+            bindings_at: None,
         }
+    }
+
+    /// Each consumer spawned from now on has its bindings read at `url`
+    /// (the broker's management API) for `/readyz` ([`crate::bindings`]).
+    pub fn check_bindings_at(&mut self, url: &str) {
+        self.bindings_at = Some(url.to_owned()).filter(|u| !u.is_empty());
     }
 
     /// What this process's parts report to `/readyz`.
@@ -110,7 +119,22 @@ impl Tasks {
     pub fn spawn_consumer<A: Apply>(&mut self, consumer: Consumer<A>) {
         let consumer = consumer.with_health(self.health());
         let stop = self.shutdown.clone();
-        let name = format!("consumer {}", consumer.config().name);
+        let config = consumer.config();
+        if let Some(url) = self.bindings_at.clone() {
+            let watch = crate::bindings::watch(
+                config.name.clone(),
+                config.queue.clone(),
+                url,
+                crate::bindings::BINDINGS_EVERY,
+                self.health(),
+                stop.clone(),
+            );
+            self.set.spawn(async move {
+                watch.await;
+                ("bindings".to_owned(), Ok(()))
+            });
+        }
+        let name = format!("consumer {}", config.name);
         self.spawn(&name, async move { consumer.run(stop).await });
     }
 
@@ -193,6 +217,7 @@ pub async fn launch(
 ) -> Result<Application> {
     let common = spec.common;
     let mut tasks = Tasks::new(shutdown.clone());
+    tasks.check_bindings_at(&common.management_url);
     // A weak secret or an unreadable key set stops the start, before anything runs.
     let jwt = match spec.role.serves() {
         true => Some(common.auth.load(&common.bind_address).await?),

@@ -69,6 +69,17 @@ pub struct CommonSettings {
     /// on one broker keep theirs apart with it).
     #[arg(long, env = "QUEUE_PREFIX", default_value = "")]
     pub queue_prefix: String,
+    /// RabbitMQ's management API (`http://user:password@host:15672`): each
+    /// consumer holds its bindings to the broker's there, and `/readyz`
+    /// names one the broker lost. Empty: not checked (the API may belong
+    /// to another broker than `AMQP_URL`'s; `make up` sets the local one's).
+    #[arg(
+        long,
+        env = "RABBITMQ_MANAGEMENT_URL",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub management_url: String,
     /// Partitions of ordered subscriptions in place of the code's K:
     /// `consumer=K,...` (e.g. `projection.history=8`). The step of a K
     /// change without a rebuild (docs/runbooks.md); every process of the

@@ -3,6 +3,7 @@
 //! test makes its own database.
 
 mod auth;
+mod bindings;
 mod idempotency;
 
 mod support {

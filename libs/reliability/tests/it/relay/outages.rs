@@ -73,7 +73,7 @@ async fn unroutable_events_back_off_and_end_in_the_dlq_table_after_ten_attempts(
     // The operator re-drives it once a queue exists: it goes out under its own id.
     let queue = broker.queue(&["svc.*"]).await;
     assert_eq!(
-        reliability::relay::redrive_dlq(&db.owner, None)
+        operator::ops::outbox::redrive_dlq(&db.owner, None)
             .await
             .unwrap(),
         1

@@ -1,10 +1,13 @@
-//! The outbox DLQ table as operators use it (`reliability outbox dlq …`).
+//! The outbox and its DLQ table as operators use them (`reliability
+//! outbox …`, and `status`): the relay moves a row to the DLQ table after
+//! its attempts (`reliability::relay`); what is done with it after is the
+//! operator's.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::Result;
+use reliability::Result;
 
 /// Puts outbox DLQ rows back in the outbox under their original id (so a
 /// consumer that somehow saw them still deduplicates), attempts reset; all
