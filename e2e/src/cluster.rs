@@ -194,6 +194,9 @@ pub async fn launch_built(
         ("AMQP_URL".into(), amqp_url()),
         ("EVENTS_EXCHANGE".into(), format!("{}.events", layout.name)),
         ("QUEUE_PREFIX".into(), prefix.clone()),
+        // A management API in the environment is another broker's (the
+        // world's has none): the consumers' bindings go unchecked.
+        ("RABBITMQ_MANAGEMENT_URL".into(), String::new()),
         ("JWT_SECRET".into(), SECRET.into()),
         ("PSP_SIM_PORT".into(), layout.port("psp-sim").to_string()),
         ("PSP_URL".into(), layout.url("psp-sim")),

@@ -17,7 +17,7 @@ pub fn scenarios() -> Vec<Scenario> {
             "every broker node restarted with orders in flight",
             |r, t| Box::pin(broker_restart(r, t)),
         ),
-        ("broker memory alarm held 90 s under load", |r, t| {
+        ("broker memory alarm held 45 s under load", |r, t| {
             Box::pin(alarm::memory_alarm(r, t))
         }),
         ("PostgreSQL restart -m immediate under load", |r, t| {
