@@ -1,5 +1,6 @@
-//! Operating an ordered subscription: changing K by drain and switch, and
-//! what `reliability status` says of its partitions and parked aggregates.
+//! Operating an ordered subscription: changing K by drain and switch
+//! (what `reliability status` says of its partitions is the operator's:
+//! `libs/operator/tests/status.rs`).
 
 use super::*;
 
@@ -93,66 +94,5 @@ async fn changing_k_after_a_drain_keeps_every_aggregate_in_order() {
         t.await.unwrap().unwrap();
     }
     broker.cleanup_ordered(&eight).await;
-    db.cleanup().await;
-}
-
-/// `reliability status` on an ordered subscription: its partitions added
-/// up, a partition with messages and no consumer named, and its parked
-/// aggregates counted as a problem.
-#[tokio::test]
-async fn status_adds_up_the_partitions_and_names_the_parked_aggregates() {
-    use operator::ops::{self, status};
-    use reliability::broker::Subscription;
-    static SUBSCRIPTIONS: &[Subscription] =
-        &[Subscription::new("shop.orders", &["svc.*"]).ordered(2)];
-    let db = TestDb::new().await;
-    let broker = Broker::new().await;
-    let prefix = unique("reltest.status.");
-    let spec = QueueSpec::for_subscription(&SUBSCRIPTIONS[0], &broker.exchange, &prefix);
-    broker::declare_queue(&broker.channel, &spec).await.unwrap();
-    broker
-        .publish_to_queue(&spec.partition_queue(1), b"{}")
-        .await;
-    sqlx::query(
-        "INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
-         VALUES (1, 'shop.orders', 'svc', 'order', '7', 'permanent: x')",
-    )
-    .execute(&db.owner)
-    .await
-    .unwrap();
-    let estate = ops::Estate {
-        databases: vec![("shop".into(), db.owner.clone())],
-        broker: Some(broker::connect(&amqp_url(), "status-test").await.unwrap()),
-        queue_prefix: prefix,
-        exchange: String::new(),
-        subscriptions: SUBSCRIPTIONS,
-        ordered_partitions: String::new(),
-        management_url: None,
-    };
-    wait_until(LONG, "the message counted", || async {
-        status::status(&estate).await.consumers[0].ready == Some(1)
-    })
-    .await;
-    let s = status::status(&estate).await;
-    let line = &s.consumers[0];
-    assert_eq!(
-        (line.consumers, line.parked, line.error.as_deref()),
-        (Some(0), Some(1), None)
-    );
-    assert!(
-        s.problems
-            .iter()
-            .any(|p| p.contains("1 aggregate(s) parked")),
-        "{:?}",
-        s.problems
-    );
-    assert!(
-        s.problems
-            .iter()
-            .any(|p| p.contains("no consumer attached")),
-        "{:?}",
-        s.problems
-    );
-    broker.cleanup_ordered(&spec).await;
     db.cleanup().await;
 }
