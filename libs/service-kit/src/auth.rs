@@ -64,7 +64,7 @@ pub struct AuthSettings {
 impl Default for AuthSettings {
     /// As with no environment: the defaults of the `#[arg]`s above.
     fn default() -> Self {
-        crate::service::defaults()
+        crate::defaults::defaults()
     }
 }
 

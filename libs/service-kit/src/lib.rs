@@ -3,6 +3,7 @@
 pub mod admission;
 pub mod auth;
 pub mod bindings;
+mod defaults;
 pub mod http;
 pub mod idempotency;
 pub mod metrics;
