@@ -12,6 +12,13 @@
 //! returns' bound (`settle::worn_after`), which stays for the deaths no try
 //! explains (a channel lost, again and again).
 //!
+//! A copy of the event (a relay publishes again what it cannot prove
+//! confirmed) carries the same id and its own returns: tries of copies
+//! handed back together add up without a death, so a copy is set aside
+//! only when its own returns say it came back as often (in `make e2e`, two
+//! copies of an order's event, handed back when a quorum came back, were
+//! dead-lettered beside the copy that was applied; session 30).
+//!
 //! A try ends, and its record is forgotten, once its outcome is committed
 //! (applied, a duplicate, parked) or decided (a dead letter, a shutdown),
 //! before the ack: a try counts only when its consumer died between the
@@ -53,8 +60,14 @@ impl<A: Apply> Consumer<A> {
         if !self.handed_back(delivery) {
             return None;
         }
+        // The tries are the event's, counted over every copy of it (a
+        // relay's re-publish is another message with the same id): copies
+        // handed back at once are tried side by side, each adding one. Only
+        // a copy handed back as often itself is one its consumer died on.
+        let returns = broker::returns(&delivery.properties);
+        let died_each_time = |tries| tries > CRASH_TRIES && returns > i64::from(CRASH_TRIES);
         match A::record_try(self, event).await {
-            Ok(tries) if tries > CRASH_TRIES => Some(HandlerError::Transient(
+            Ok(tries) if died_each_time(tries) => Some(HandlerError::Transient(
                 format!(
                     "its consumer died each of the {tries} times it was tried (a crash, or a freeze \
                      past the broker's timeout): set aside untried"

@@ -231,6 +231,54 @@ async fn a_message_whose_ack_is_lost_after_each_commit_is_never_set_aside() {
     db.cleanup().await;
 }
 
+/// Copies of one message (a relay publishes again what it cannot prove
+/// confirmed), handed back together, are tried side by side, and each
+/// try of the event adds to its count: here two copies' tries are in the
+/// table when a third copy, handed back once, comes to its consumer. It is
+/// applied, never set aside as the event its consumer keeps dying on.
+/// Counted by the event's tries alone, it was dead-lettered (two copies
+/// beside the applied one, in `make e2e`'s quorum-lost row; session 30).
+#[tokio::test]
+async fn a_copy_handed_back_once_is_tried_whatever_its_siblings_tries() {
+    use lapin::options::BasicGetOptions;
+    let (db, broker, mut cfg) = setup().await;
+    cfg.lanes = 1;
+    let queue = cfg.queue.queue.clone();
+    let event = envelope("svc", 1, 1, "agg", "Added", 1);
+    broker
+        .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
+        .await;
+    // Handed back once: taken unacked, its channel closed.
+    let ch = broker.conn.create_channel().await.unwrap();
+    let got = ch
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+        .await
+        .unwrap();
+    assert!(got.is_some(), "the message was there");
+    ch.close(200, "handed back".into()).await.unwrap();
+    // Two sibling copies' tries, in flight elsewhere.
+    let mut tx = reliability::TenantTx::begin(&db.app, reliability::TenantId::new(1).unwrap())
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO consumer_tries (tenant_id, consumer, source, message_id, tries)
+         VALUES (1, $1, 'svc', 1, $2)",
+    )
+    .bind(&cfg.name)
+    .bind(consumer::CRASH_TRIES)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let stats = super::consume(&db, cfg, 1).await;
+    assert_eq!((stats.applied, stats.dead_lettered), (1, 0));
+    assert_eq!(broker.depth(&broker::dead_letter_queue(&queue)).await, 0);
+    assert_eq!(effects(&db).await, vec![(1, "agg".to_owned(), 1, 1)]);
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
     let (db, broker, cfg) = setup().await;
