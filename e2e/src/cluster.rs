@@ -183,7 +183,8 @@ pub async fn launch_built(
             )
             .await?;
     }
-    conn.close(200, "setup done".into()).await?;
+    // Bounded: lapin can leave a close pending forever over a reset.
+    let _ = reliability::broker::bounded(conn.close(200, "setup done".into())).await;
 
     let pg = format!(
         "postgres://{}:{}",

@@ -309,17 +309,19 @@ pub async fn wait_for_queues(queues: &[String]) {
             &format!("queue {queue} declared"),
             || async {
                 // A failed passive declare closes its channel: probe on a fresh one.
-                let Ok(probe) = conn.create_channel().await else {
+                let Ok(probe) = reliability::broker::bounded(conn.create_channel()).await else {
                     return false;
                 };
-                reliability::broker::queue_depth(&probe, queue)
+                reliability::broker::bounded(reliability::broker::queue_depth(&probe, queue))
                     .await
                     .is_ok()
             },
         )
         .await;
     }
-    let _ = conn.close(200, "queues seen".into()).await;
+    // lapin can leave a close pending forever over a connection reset:
+    // bounded, like every call of the library.
+    let _ = reliability::broker::bounded(conn.close(200, "queues seen".into())).await;
 }
 
 /// Deletes a test's queues (with their DLQs, and for an ordered
@@ -352,5 +354,5 @@ pub async fn delete_broker_objects(queues: &[String], exchange: &str) {
             .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
             .await;
     }
-    let _ = conn.close(200, "cleaned up".into()).await;
+    let _ = reliability::broker::bounded(conn.close(200, "cleaned up".into())).await;
 }
