@@ -203,8 +203,9 @@ pub async fn launch_built(
         ("PSP_URL".into(), layout.url("psp-sim")),
         ("PSP_LEASE_SECS".into(), "2".into()),
         ("PSP_TIMEOUT_MS".into(), "1000".into()),
-        // The simulator's late landings take 2 s: a look-up that finds
-        // nothing is final after 5; reconciliation every 5 s.
+        // The simulator's late landings take 1.8 s, inside the lease: a
+        // look-up that finds nothing is final after 5; reconciliation
+        // every 5 s.
         ("PSP_LOOKUP_GRACE_SECS".into(), "5".into()),
         ("PSP_RECONCILE_INTERVAL_SECS".into(), "5".into()),
         ("PSP_RECONCILE_WINDOW_HOURS".into(), "1".into()),

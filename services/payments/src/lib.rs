@@ -98,6 +98,14 @@ fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliabili
             psp.psp_timeout_ms, psp.psp_lease_secs
         )));
     }
+    // A request stalled on our side is fenced at its lease end; "nothing
+    // under the key" must come after that (docs/adr/0011, amended).
+    if config.grace <= config.lease {
+        return Err(reliability::Error::Config(format!(
+            "PSP_LOOKUP_GRACE_SECS ({} s) must be above PSP_LEASE_SECS ({} s): a request may land until its lease ends",
+            psp.psp_lookup_grace_secs, psp.psp_lease_secs
+        )));
+    }
     tasks.consume(
         dbs,
         common,

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, SecondsFormat, Utc};
+
 use reliability::trace::{Kind, Span};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -138,11 +140,15 @@ impl Psp {
         }
     }
 
-    /// `POST path` with the idempotency key; the same key on every try.
+    /// `POST path` with the idempotency key, the same on every try, and
+    /// the instant after which the provider may book nothing for this
+    /// request: the attempt's lease end, the fence against a worker that
+    /// stalls before its call lands (docs/adr/0011).
     pub(crate) async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
         key: &str,
+        not_after: DateTime<Utc>,
         body: serde_json::Value,
     ) -> Reply<T> {
         let (step, headers) = call_step("POST", path);
@@ -150,6 +156,10 @@ impl Psp {
             .http
             .post(format!("{}{path}", self.base_url))
             .header("X-Idempotency-Key", key)
+            .header(
+                "X-Not-After",
+                not_after.to_rfc3339_opts(SecondsFormat::Micros, true),
+            )
             .headers(headers)
             .json(&body)
             .send()
@@ -250,6 +260,10 @@ impl Psp {
         }
     }
 }
+
+/// The provider's refusal of a request that arrived past its
+/// `X-Not-After`: nothing was done, and the same key may be sent again.
+pub(crate) const EXPIRED: &str = "request_expired";
 
 /// Whether a refusal's text (from [`Reply::Refused`]) names the provider's
 /// reason `code`.

@@ -82,6 +82,8 @@ pub(crate) struct PendingCharge {
     pub currency: String,
     pub customer_id: String,
     pub created_at: DateTime<Utc>,
+    /// The request's `X-Not-After`: past it, the charge never lands.
+    pub not_after: Option<DateTime<Utc>>,
 }
 
 impl Ledger {
@@ -104,9 +106,13 @@ impl Ledger {
         charge
     }
 
-    /// Lands a late charge (once): declined customers stay declined.
+    /// Lands a late charge (once): declined customers stay declined, and
+    /// one past its request's `X-Not-After` is dropped, nothing booked.
     pub fn land(&mut self, key: &str) {
         if let Some(p) = self.landing.remove(key) {
+            if p.not_after.is_some_and(|t| Utc::now() > t) {
+                return;
+            }
             let status = if p.customer_id.starts_with("decline") {
                 "declined"
             } else {

@@ -12,6 +12,12 @@
 //!   never exceeds what is left of the charge, and a charge still pending
 //!   cannot be refunded yet (409).
 //! - A key reused with other parameters is 409, as real providers answer.
+//! - A charge or refund sent with `X-Not-After` (RFC 3339) books nothing
+//!   after that instant: past it, a new request is refused (422
+//!   `request_expired`, nothing kept under its key, so a later try with
+//!   the same key is served), and a late landing is dropped. A key that
+//!   already holds a result answers it whatever the header says. The
+//!   caller's fence against its own stalled requests (docs/adr/0011).
 //! - `GET /charges` and `GET /refunds` list by creation time
 //!   (`created_gte`, `created_lt`, `limit`, `starting_after`), as real
 //!   providers' list APIs do: what reconciliation reads.
@@ -33,6 +39,7 @@ use service_kit::http::ApiError;
 use service_kit::service::ShutdownToken;
 use tokio::net::TcpListener;
 
+mod headers;
 mod ledger;
 mod routes;
 pub use ledger::{Charge, KeyMoney, Page, Refund};
@@ -165,21 +172,6 @@ impl Drop for InFlight {
             }
         }
     }
-}
-
-fn key(headers: &HeaderMap) -> Result<String, ApiError> {
-    headers
-        .get("x-idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .filter(|k| !k.is_empty())
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "idempotency_key_missing",
-                "X-Idempotency-Key is required",
-            )
-        })
 }
 
 impl Simulator {

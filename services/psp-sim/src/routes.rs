@@ -10,10 +10,11 @@ use serde::Serialize;
 use service_kit::http::ApiError;
 use std::time::Duration;
 
+use crate::headers::{in_time, key, not_after};
 use crate::ledger::{ListQuery, Page};
 use crate::{
     Charge, ChargeRequest, Fault, Faults, InFlight, Ledger, PendingCharge, Refund, RefundRequest,
-    Simulator, key,
+    Simulator,
 };
 
 pub(crate) async fn create_charge(
@@ -22,6 +23,7 @@ pub(crate) async fn create_charge(
     Json(req): Json<ChargeRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    let not_after = not_after(&headers)?;
     sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
@@ -29,11 +31,14 @@ pub(crate) async fn create_charge(
         return Ok((StatusCode::OK, Json(existing)).into_response());
     }
     let fault = sim.draw_fault().await?;
+    // Checked once processing starts: nothing below awaits before booking.
+    in_time(not_after)?;
     let request = PendingCharge {
         amount_cents: req.amount_cents,
         currency: req.currency.clone(),
         customer_id: req.customer_id.clone(),
         created_at: Utc::now(),
+        not_after,
     };
     if let Fault::LandLate { hang, land } = fault {
         if !sim.start_landing(&key, request) {
@@ -88,6 +93,7 @@ pub(crate) async fn create_refund(
     Json(req): Json<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let key = key(&headers)?;
+    let not_after = not_after(&headers)?;
     sim.note_traceparent(&key, &headers);
     let _counted = InFlight::new(&sim, &key);
     sim.draw_refusal()?;
@@ -102,6 +108,7 @@ pub(crate) async fn create_refund(
         }
     }
     let fault = sim.draw_fault().await?;
+    in_time(not_after)?;
     let refund = {
         let mut ledger = sim.ledger();
         if let Some(existing) = ledger.refunds.get(&key).cloned() {

@@ -1,6 +1,7 @@
 //! Charging one leased payment: the call, the outcome rules, the record,
 //! and the deadline (docs/adr/0011).
 
+use chrono::{DateTime, Utc};
 use contracts::aggregate;
 use reliability::outbox::{self, NewEvent};
 use reliability::trace::{Kind, Span, TraceContext};
@@ -8,7 +9,7 @@ use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
 use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
-use crate::provider::{ChargeReply, ChargeState, Reply};
+use crate::provider::{ChargeReply, ChargeState, EXPIRED, Reply, refused_because};
 
 #[derive(sqlx::FromRow)]
 struct Payment {
@@ -18,6 +19,9 @@ struct Payment {
     currency: String,
     /// An earlier request under the key may have moved money.
     outcome_unknown: bool,
+    /// This attempt's lease end: the provider books nothing for its
+    /// request after it.
+    not_after: DateTime<Utc>,
     expired: bool,
     traceparent: Option<String>,
 }
@@ -52,12 +56,14 @@ impl Worker {
         // settled the payment: a worker outage alone fails nothing.
         let leased: Option<Payment> = sqlx::query_as(
             "SELECT order_id, customer_id, amount_cents, currency, outcome_unknown, traceparent,
-                    coalesce(prev_sent_at >= first_attempt_at + make_interval(secs => $2), false) AS expired
+                    coalesce(prev_sent_at >= first_attempt_at + make_interval(secs => $2), false) AS expired,
+                    sent_at + make_interval(secs => $4) AS not_after
              FROM payments WHERE payment_id = $1 AND status = 'pending' AND attempts = $3",
         )
         .bind(payment_id)
         .bind(self.config.deadline.as_secs_f64())
         .bind(attempt)
+        .bind(self.config.lease.as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -91,13 +97,16 @@ impl Worker {
         let body = json!({"amount_cents": p.amount_cents, "currency": p.currency, "customer_id": p.customer_id});
         self.fail_points.check(BEFORE_PROVIDER)?;
         let started = std::time::Instant::now();
-        let reply: Reply<ChargeReply> = self.psp.post("/charges", &key, body).await;
+        let reply: Reply<ChargeReply> = self.psp.post("/charges", &key, p.not_after, body).await;
         metrics::histogram!(super::PSP_CALL_DURATION, "call" => "charge")
             .record(started.elapsed().as_secs_f64());
         self.fail_points.check(AFTER_PROVIDER)?;
         let outcome = match reply {
             Reply::Done(c) => settled(c, Charge::Unknown),
             Reply::Retry(e) => Charge::Unknown(e),
+            // Past our lease: this request did nothing, and says nothing
+            // of the payment. Asked again under a later lease.
+            Reply::Refused(e) if refused_because(&e, EXPIRED) => Charge::InDoubt(e),
             Reply::Refused(e) if !p.outcome_unknown => Charge::Refused(e),
             // An earlier try may have charged: only the provider's record
             // under our key can tell "failed" from "charged".

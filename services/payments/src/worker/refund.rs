@@ -2,6 +2,7 @@
 //! the same rules as a charge, and a refund by the charge's key that finds
 //! no charge waits out the charge's own requests in doubt.
 
+use chrono::{DateTime, Utc};
 use contracts::aggregate;
 use reliability::outbox::{self, NewEvent};
 use reliability::trace::{Kind, Span, TraceContext};
@@ -9,7 +10,7 @@ use reliability::{Result, TenantId, TenantTx};
 use serde_json::json;
 
 use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
-use crate::provider::{ChargeReply, ChargeState, RefundReply, Reply, refused_because};
+use crate::provider::{ChargeReply, ChargeState, EXPIRED, RefundReply, Reply, refused_because};
 
 #[derive(sqlx::FromRow)]
 struct Refund {
@@ -20,6 +21,9 @@ struct Refund {
     charge_key: Option<String>,
     outcome_unknown: bool,
     traceparent: Option<String>,
+    /// This attempt's lease end: the provider books nothing for its
+    /// request after it.
+    not_after: DateTime<Utc>,
 }
 
 /// A final failure of a kind the provider's answer alone decides.
@@ -60,12 +64,13 @@ impl Worker {
         let mut tx = TenantTx::begin(&self.pool, tenant).await?;
         let leased: Option<Refund> = sqlx::query_as(
             "SELECT r.payment_id, p.order_id, r.amount_cents, p.provider_charge_id, r.charge_key,
-                    r.outcome_unknown, r.traceparent
+                    r.outcome_unknown, r.traceparent, r.sent_at + make_interval(secs => $3) AS not_after
              FROM refunds r JOIN payments p ON p.payment_id = r.payment_id
              WHERE r.refund_id = $1 AND r.status = 'pending' AND r.attempts = $2",
         )
         .bind(refund_id)
         .bind(attempt)
+        .bind(self.config.lease.as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -97,7 +102,7 @@ impl Worker {
             None => json!({"charge_id": r.provider_charge_id, "amount_cents": r.amount_cents}),
         };
         self.fail_points.check(BEFORE_PROVIDER)?;
-        let reply: Reply<RefundReply> = self.psp.post("/refunds", &key, body).await;
+        let reply: Reply<RefundReply> = self.psp.post("/refunds", &key, r.not_after, body).await;
         let outcome = match reply {
             Reply::Done(done) if done.status == "succeeded" => Outcome::Succeeded(done.refund_id),
             // A provider that fails refunds after accepting them answers
@@ -109,6 +114,8 @@ impl Worker {
             Reply::Done(RefundReply { status, .. }) | Reply::Retry(status) => {
                 Outcome::Unknown(status)
             }
+            // Past our lease: this request did nothing; asked again.
+            Reply::Refused(e) if refused_because(&e, EXPIRED) => Outcome::InDoubt(e),
             Reply::Refused(e) => self.refused(&key, e, &r).await,
         };
         self.fail_points.check(AFTER_PROVIDER)?;

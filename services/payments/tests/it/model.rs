@@ -3,7 +3,9 @@
 //! provider answers (2xx, 4xx, 5xx after charging, a hang after charging,
 //! pending then final, a late landing), crashes before the call, after it
 //! and in the record transaction, a lease that expires under a second
-//! worker, deadlines, partial refunds, and time passing. After quiescence
+//! worker, a worker frozen before its call lands until the payment has
+//! failed and its refund by key found nothing, deadlines, partial refunds,
+//! and time passing. After quiescence
 //! and one reconciliation, for every payment key the money at the provider
 //! must be what the order's fate says: the amount less our refunds if the
 //! payment was captured (the order confirmed), 0 if it failed (cancelled),
@@ -54,16 +56,24 @@ fn worker(s: &Seed<'_>, deadline: Duration, fail_points: FailPoints) -> Worker {
 }
 
 fn worker_on(s: &Seed<'_>, psp: &Psp, deadline: Duration, fail_points: FailPoints) -> Worker {
+    Worker::new(
+        s.app.db.app.clone(),
+        psp.clone(),
+        config(deadline),
+        fail_points,
+    )
+}
+
+fn config(deadline: Duration) -> WorkerConfig {
     // One call per pass: which call a fail point hits, and in what order
     // work is claimed, are then the seed's alone, so a seed replays exactly.
-    let config = WorkerConfig {
+    WorkerConfig {
         deadline,
         grace: GRACE,
         max_backoff: Duration::ZERO,
         max_in_flight: 1,
         ..WorkerConfig::default()
-    };
-    Worker::new(s.app.db.app.clone(), psp.clone(), config, fail_points)
+    }
 }
 
 fn crash_at(point: &str) -> FailPoints {
@@ -230,6 +240,54 @@ impl Seed<'_> {
             .push(format!("refund {amount} of payment {payment_id}: {status}"));
     }
 
+    /// Claims made so far, over this tenant's payments and refunds.
+    async fn attempts(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT (SELECT coalesce(sum(attempts), 0) FROM payments WHERE tenant_id = $1)
+                  + (SELECT coalesce(sum(attempts), 0) FROM refunds WHERE tenant_id = $1)",
+        )
+        .bind(self.tenant)
+        .fetch_one(&self.app.db.owner)
+        .await
+        .unwrap()
+    }
+
+    /// A worker claims, then stalls before its request reaches the
+    /// provider (held in a frozen proxy): its lease runs out, the deadline
+    /// fails the payment, time passes until the refund by key finds
+    /// nothing, and only then does the request land. The request's
+    /// `X-Not-After` (its lease end) must keep it from charging.
+    async fn frozen_worker(&self) {
+        let target = self.app.psp_url.trim_start_matches("http://");
+        let proxy =
+            testkit::TcpProxy::start(target.parse().expect("the simulator's address")).await;
+        proxy.freeze();
+        // A short lease in real time: simulated time does not move the
+        // provider's clock. The call waits out the freeze.
+        let psp = Psp::new(&format!("http://{}", proxy.addr), Duration::from_secs(30));
+        let lease = Duration::from_millis(1);
+        let config = WorkerConfig {
+            lease,
+            ..config(DEADLINE)
+        };
+        let frozen = Worker::new(self.app.db.app.clone(), psp, config, FailPoints::none());
+        self.leases_expire().await;
+        let before = self.attempts().await;
+        let stalled = tokio::spawn(async move { frozen.process_due().await });
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.attempts().await == before && !stalled.is_finished() {
+            assert!(Instant::now() < until, "the frozen worker never claimed");
+            tokio::task::yield_now().await;
+        }
+        pass(&worker(self, Duration::ZERO, FailPoints::none())).await;
+        for _ in 0..3 {
+            self.time_passes().await;
+            pass(&worker(self, DEADLINE, FailPoints::none())).await;
+        }
+        proxy.thaw();
+        let _ = stalled.await;
+    }
+
     /// A worker claims and hangs on the provider; its lease runs out and a
     /// second worker takes the same work while the first is still waiting.
     async fn second_worker(&self) {
@@ -256,7 +314,7 @@ impl Seed<'_> {
 
     async fn step(&mut self, rng: &mut Rng, step: usize) {
         let normal = worker(self, DEADLINE, FailPoints::none());
-        let what = match rng.below(12) {
+        let what = match rng.below(13) {
             0..=2 => {
                 let (what, faults) = draw_fault(rng);
                 self.app.psp.set_faults(faults);
@@ -289,6 +347,10 @@ impl Seed<'_> {
             10 => {
                 self.refund_request(rng, step).await;
                 "refund request".into()
+            }
+            11 => {
+                self.frozen_worker().await;
+                "a worker frozen before its call, past the grace".into()
             }
             _ => {
                 if rng.below(2) == 0 {
