@@ -16,9 +16,23 @@ async fn start() -> (String, psp_sim::Simulator, ShutdownToken) {
 }
 
 async fn charge(url: &str, key: &str, customer: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+    post_charge(url, key, customer, None).await
+}
+
+/// A charge of 12.50 under `key`, with `X-Not-After` if given.
+async fn post_charge(
+    url: &str,
+    key: &str,
+    customer: &str,
+    not_after: Option<&str>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
         .post(format!("{url}/charges"))
-        .header("X-Idempotency-Key", key)
+        .header("X-Idempotency-Key", key);
+    if let Some(t) = not_after {
+        request = request.header("X-Not-After", t);
+    }
+    let resp = request
         .json(&json!({"amount_cents": 1250, "currency": "EUR", "customer_id": customer}))
         .send()
         .await
@@ -63,15 +77,7 @@ async fn a_charge_that_fails_after_charging_is_found_again_by_its_key() {
 }
 
 async fn charge_not_after(url: &str, key: &str, not_after: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/charges"))
-        .header("X-Idempotency-Key", key)
-        .header("X-Not-After", not_after)
-        .json(&json!({"amount_cents": 1250, "currency": "EUR", "customer_id": "c-1"}))
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+    post_charge(url, key, "c-1", Some(not_after)).await
 }
 
 #[tokio::test]
