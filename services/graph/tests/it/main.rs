@@ -6,6 +6,7 @@ mod api;
 mod exactly_once;
 mod rebuild;
 mod reproject;
+mod restart;
 mod verify;
 
 use std::sync::Arc;
