@@ -14,8 +14,9 @@
 //! - A key reused with other parameters is 409, as real providers answer.
 //! - A charge or refund sent with `X-Not-After` (RFC 3339) books nothing
 //!   after that instant: past it, a new request is refused (422
-//!   `request_expired`, nothing kept under its key, so a later try with
-//!   the same key is served), and a late landing is dropped. A key that
+//!   `request_expired`, nothing booked under its key, only its parameters
+//!   for the reuse check, so a later try with the same key and parameters
+//!   is served), and a late landing is dropped. A key that
 //!   already holds a result answers it whatever the header says. The
 //!   caller's fence against its own stalled requests (docs/adr/0011).
 //! - `GET /charges` and `GET /refunds` list by creation time
