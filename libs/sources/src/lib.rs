@@ -76,6 +76,15 @@ impl Sources {
     }
 }
 
+/// What a rebuild of a derived view reads (`--rebuild-with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RebuildWith {
+    /// The sources' current rows, at any age, then what arrives after.
+    Rows,
+    /// Every event the outboxes and their archives still hold (90 days).
+    History,
+}
+
 /// An order's key: its tenant and its id.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Key {

@@ -29,6 +29,9 @@ pub use appliers::{AppliersCheck, assert_competing_appliers_agree, event, race};
 mod serve;
 pub use serve::{Served, serve};
 
+mod sources;
+pub use sources::{SourceDbs, seeded_sources};
+
 pub const TEST_DATABASE_PREFIX: &str = "reltest_";
 
 /// How long a test waits on a condition before it fails.

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use reliability::consumer::Consumer;
 use service_kit::service::{self, Databases, Service, Tasks};
+use sources::RebuildWith;
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Graph};
@@ -126,13 +127,6 @@ fn consume(tasks: &mut Tasks, _: &Databases, settings: &Settings) -> reliability
         });
     }
     Ok(())
-}
-
-/// What a rebuild reads (`--rebuild-with`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RebuildWith {
-    Rows,
-    History,
 }
 
 /// `--rebuild-from`: the graph again from the given sources, as JSON.

@@ -1,19 +1,23 @@
 //! projection: the order view (`GET /orders/{order_id}` on port 8084),
-//! built only from events: status, totals, payment, reservation, refunds
-//! and the timeline; and each order's and product's history in the order
-//! it happened (`GET /history/...`, an ordered subscription). It can be
-//! rebuilt from the sources' event history, and is verified against the
-//! sources' current rows (`projection verify`, and on a schedule).
+//! built from events: status, totals, payment, reservation, refunds and
+//! the timeline; and each order's and product's history in the order it
+//! happened (`GET /history/...`, an ordered subscription). The views can
+//! be re-projected from the sources' current rows at any age, or rebuilt
+//! from their event history, and are verified against the rows
+//! (`projection verify`, and on a schedule).
 
 pub mod cli;
 mod error;
+pub mod facts;
 pub mod history;
 pub mod http;
 pub mod rebuild;
+pub mod reproject;
 pub mod verify;
 pub mod views;
 
 use service_kit::service::{self, Databases, Service, ShutdownToken, Tasks};
+use sources::RebuildWith;
 use sqlx::migrate::Migrator;
 
 pub use error::{Error, Projection};
@@ -39,6 +43,12 @@ pub struct ProjectionSettings {
     /// `orders=postgres://commerce_owner@127.0.0.1/orders,inventory=…,payments=…`.
     #[arg(long, value_delimiter = ',')]
     pub rebuild_from: Vec<String>,
+    /// What a rebuild reads: `rows`, the sources' current rows, in place
+    /// beside the live consumer (the order views at any age; the ordered
+    /// histories are left as they are), or `history`, a reset and then
+    /// every event the outboxes and their archives still hold (90 days).
+    #[arg(long, value_enum, default_value_t = RebuildWith::Rows)]
+    pub rebuild_with: RebuildWith,
     /// The scheduled verification pass (docs/adr/0035).
     #[command(flatten)]
     pub verify: sources::VerifySettings,
@@ -82,14 +92,23 @@ fn consume(tasks: &mut Tasks, dbs: &Databases, settings: &Settings) -> reliabili
     Ok(())
 }
 
-/// `--rebuild-from`: reset the projection and replay the given sources.
-pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<rebuild::RebuildReport> {
+/// `--rebuild-from`: the views again from the given sources, as JSON.
+pub async fn rebuild_from(settings: &Settings) -> anyhow::Result<serde_json::Value> {
     let dbs = Databases::connect_lazy(
         &settings.database_url,
         &settings.common,
         "projection-rebuild",
     )?;
     service::migrate_with_retry(&dbs.owner, &MIGRATIONS, &ShutdownToken::new()).await?;
-    let sources = reliability::outbox::history_sources(&settings.service.rebuild_from).await?;
-    Ok(rebuild::rebuild(&dbs, &sources).await?)
+    let own = &settings.service;
+    Ok(match own.rebuild_with {
+        RebuildWith::Rows => {
+            let sources = sources::Sources::lazy(&own.rebuild_from)?;
+            serde_json::to_value(reproject::reproject(&dbs.owner, &sources).await?)?
+        }
+        RebuildWith::History => {
+            let sources = reliability::outbox::history_sources(&own.rebuild_from).await?;
+            serde_json::to_value(rebuild::rebuild(&dbs, &sources).await?)?
+        }
+    })
 }

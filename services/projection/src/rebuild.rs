@@ -34,12 +34,14 @@ pub async fn rebuild(
     // all at once, before anything, the reset and a live transaction wait on
     // each other one way only, never in a circle.
     sqlx::raw_sql(
-        "LOCK TABLE processed_messages, consumer_offsets, order_view_events, order_views
+        "LOCK TABLE processed_messages, consumer_offsets, order_view_events, order_view_facts,
+                    order_views
          IN ACCESS EXCLUSIVE MODE",
     )
     .execute(&mut *reset)
     .await?;
-    sqlx::raw_sql("TRUNCATE order_view_events, order_views")
+    // The facts go too: this rebuild is the events' alone.
+    sqlx::raw_sql("TRUNCATE order_view_events, order_view_facts, order_views")
         .execute(&mut *reset)
         .await?;
     sqlx::query("DELETE FROM processed_messages WHERE consumer = $1")

@@ -157,7 +157,7 @@ impl Verifier {
                 tracing::warn!(
                     tenant = key.tenant_id,
                     order = key.order_id,
-                    "verify: the order's history is past the sources' archive: not repaired"
+                    "verify: not repaired: the order's history is past the sources' archive, and its rows alone did not give its view"
                 );
             }
         }

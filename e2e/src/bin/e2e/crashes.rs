@@ -74,19 +74,21 @@ pub fn scenarios() -> Vec<Scenario> {
             |r, t| Box::pin(graph_killed(r, t)),
         ),
         (
-            "graph deleted, then re-projected from the rows under load",
+            "graph and order views deleted, then re-projected from the rows under load",
             |r, t| Box::pin(graph_reprojected(r, t)),
         ),
     ]
 }
 
 /// The graph deleted under a steady load (6 orders a second, 16 clients
-/// at a time), then
-/// re-projected from the sources' current rows beside its live consumer
-/// (ADR 0035, amended in session 28). The re-projection reads no event at
-/// or below its floors, so what the outbox or its archive still holds of
-/// the past plays no part. The checker's `graph verify` then holds every
-/// order, customer's count and product's units ordered to the sources.
+/// at a time), and the tenant's order views with every event they were
+/// made of; then both re-projected from the sources' current rows beside
+/// their live consumers (ADR 0035, amended in sessions 28 and 33). The
+/// graph's re-projection reads no event at or below its floors, and the
+/// projection's reads none at all, so what the outbox or its archive
+/// still holds of the past plays no part. The checker's `graph verify`
+/// and `projection verify` then hold every order, customer's count and
+/// product's units ordered, and every order view, to the sources.
 async fn graph_reprojected(run: &mut Run, tenant: i64) -> Outcome {
     use std::sync::atomic::{AtomicBool, Ordering};
     run.client
@@ -106,6 +108,13 @@ async fn graph_reprojected(run: &mut Run, tenant: i64) -> Outcome {
             })
             .await;
             graph.delete().await?;
+            // As a view past the archive, then lost: its events go too.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM order_view_events WHERE tenant_id = {tenant};
+                 DELETE FROM order_views WHERE tenant_id = {tenant}"
+            )))
+            .execute(&dbs.projection)
+            .await?;
             let settings = graph::GraphSettings {
                 graph_url: e2e::cluster::graph_url(),
                 graph_name: graph.name().to_owned(),
@@ -116,18 +125,20 @@ async fn graph_reprojected(run: &mut Run, tenant: i64) -> Outcome {
                 inventory: dbs.inventory.clone(),
                 payments: dbs.payments.clone(),
             };
-            anyhow::Ok(graph::reproject::reproject(&settings, &sources).await?)
+            let graph = graph::reproject::reproject(&settings, &sources).await?;
+            let views = projection::reproject::reproject(&dbs.projection, &sources).await?;
+            anyhow::Ok((graph, views))
         }
         .await;
         done.store(true, Ordering::Release);
         outcome
     });
     let placed = placed?;
-    let report = rebuilt?;
+    let (report, views) = rebuilt?;
     Ok((
         format!(
-            "graph deleted after 30 of {placed} orders, re-projected from {} orders' rows while 6 orders a second came; {} events of the tail",
-            report.orders, report.tail
+            "graph and order views deleted after 30 of {placed} orders, re-projected from {} and {} orders' rows while 6 orders a second came; {} events of the graph's tail",
+            report.orders, views.orders, report.tail
         ),
         vec![],
     ))

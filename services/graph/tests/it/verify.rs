@@ -14,66 +14,26 @@ use reliability::TenantId;
 use reliability::consumer::{ConsumerConfig, Outcome};
 use serde_json::json;
 use sources::Sources;
-use sqlx::migrate::Migrator;
 use testkit::TestDb;
 
 use super::{CONSUMER, commerce, consumer, record, store};
 
-static ORDERS: Migrator = sqlx::migrate!("../../migrations/orders");
-static INVENTORY: Migrator = sqlx::migrate!("../../migrations/inventory");
-static PAYMENTS: Migrator = sqlx::migrate!("../../migrations/payments");
-
 /// The three source databases, their rows what `commerce()`'s events
-/// say, and the events in their outboxes.
+/// say (`testkit::seeded_sources`), and the events in their outboxes.
 pub(super) async fn sources() -> (Vec<TestDb>, Sources) {
-    let orders = TestDb::with_migrations(&ORDERS).await;
-    let inventory = TestDb::with_migrations(&INVENTORY).await;
-    let payments = TestDb::with_migrations(&PAYMENTS).await;
-    let past = "now() - interval '1 minute'";
-    let statements = [
-        (&orders, format!(
-            "INSERT INTO orders (tenant_id, order_id, customer_id, currency, total_cents, status, created_at, updated_at)
-             VALUES (1, 1, 'c1', 'EUR', 1000, 'confirmed', {past}, {past}),
-                    (1, 2, 'c1', 'EUR', 1000, 'cancelled', {past}, {past}),
-                    (1, 3, 'c2', 'EUR', 1000, 'cancelled', {past}, {past}),
-                    (1, 4, 'c2', 'EUR', 1000, 'pending', {past}, {past}),
-                    (2, 1, 'c1', 'EUR', 1000, 'pending', {past}, {past})")),
-        (&orders, "INSERT INTO order_lines (tenant_id, order_id, line_no, sku, quantity, unit_price_cents)
-             VALUES (1, 1, 1, 'A', 2, 100), (1, 1, 2, 'B', 1, 100), (1, 2, 1, 'B', 1, 100),
-                    (1, 2, 2, 'C', 4, 100), (1, 3, 1, 'A', 1, 100), (1, 3, 2, 'D', 1, 100),
-                    (1, 4, 1, 'A', 1, 100), (1, 4, 2, 'A', 2, 100), (2, 1, 1, 'A', 9, 100)".to_owned()),
-        (&inventory, format!(
-            "INSERT INTO reservations (tenant_id, order_id, status, reason, created_at, updated_at)
-             VALUES (1, 1, 'committed', NULL, {past}, {past}), (1, 2, 'released', NULL, {past}, {past}),
-                    (1, 3, 'rejected', 'no stock', {past}, {past}), (1, 4, 'reserved', NULL, {past}, {past}),
-                    (2, 1, 'reserved', NULL, {past}, {past})")),
-        (&payments, format!(
-            "INSERT INTO payments (tenant_id, payment_id, order_id, customer_id, amount_cents, currency, status,
-                                   refunded_cents, created_at, updated_at)
-             VALUES (1, 11, 1, 'c1', 1000, 'EUR', 'captured', 300, {past}, {past}),
-                    (1, 12, 2, 'c1', 1000, 'EUR', 'failed', 0, {past}, {past})")),
-        (&payments, format!(
-            "INSERT INTO refunds (tenant_id, refund_id, payment_id, amount_cents, status, created_at, updated_at)
-             VALUES (1, 5, 11, 300, 'succeeded', {past}, {past})")),
-    ];
-    for (db, sql) in statements {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&db.owner)
-            .await
-            .unwrap();
-    }
+    let dbs = testkit::seeded_sources().await;
     let history = vec![
-        ("orders".to_owned(), orders.owner.clone()),
-        ("inventory".to_owned(), inventory.owner.clone()),
-        ("payments".to_owned(), payments.owner.clone()),
+        ("orders".to_owned(), dbs.orders.owner.clone()),
+        ("inventory".to_owned(), dbs.inventory.owner.clone()),
+        ("payments".to_owned(), dbs.payments.owner.clone()),
     ];
     record(&history, &commerce()).await;
     let sources = Sources {
-        orders: orders.owner.clone(),
-        inventory: inventory.owner.clone(),
-        payments: payments.owner.clone(),
+        orders: dbs.orders.owner.clone(),
+        inventory: dbs.inventory.owner.clone(),
+        payments: dbs.payments.owner.clone(),
     };
-    (vec![orders, inventory, payments], sources)
+    (vec![dbs.orders, dbs.inventory, dbs.payments], sources)
 }
 
 fn verifier(store: &std::sync::Arc<Store>, sources: &Sources) -> Verifier {

@@ -3,21 +3,23 @@
 //! live event take turns, and each is idempotent: run twice, or beside a
 //! second verifier, it lands on the same rows.
 
-use contracts::aggregate;
-use reliability::consumer::{Handler, HandlerError, begin_as_handler};
+use reliability::Result;
+use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
-use reliability::{Result, TenantId};
 use sqlx::PgPool;
 
 use super::{Key, Sources};
 use crate::views::{self, Views};
+use crate::{facts, reproject};
 
-/// Re-derives one order view from the sources' event history: every event
-/// of the order that a source still holds (its outbox and archive) is
-/// stored through the live handler (a no-op for those already stored), an
-/// event stored that no source ever emitted is dropped when the sources
-/// hold the order's whole history, and the view is recomputed. Returns
-/// whether the sources held the whole history (`OrderPlaced` included).
+/// Re-derives one order view from the sources: every event of the order
+/// that a source still holds (its outbox and archive) is stored through
+/// the live handler (a no-op for those already stored), an event stored
+/// that no source ever emitted is dropped when the sources hold the
+/// order's whole history, the facts its rows state replace its facts
+/// (`facts`: what the view keeps once the events are gone), and the view
+/// is recomputed. Returns whether the sources held the whole history
+/// (`OrderPlaced` included).
 pub async fn order(projection: &PgPool, sources: &Sources, key: Key) -> Result<bool> {
     // Read before the projection's transaction: none is held across a
     // call to another database.
@@ -25,13 +27,11 @@ pub async fn order(projection: &PgPool, sources: &Sources, key: Key) -> Result<b
     for (name, pool) in sources.named() {
         events.extend(history_of(pool, name, key).await?);
     }
+    let rows = ::sources::order(sources, key, 0.0).await?;
     let whole = events
         .iter()
         .any(|e| e.event_type == contracts::event::ORDER_PLACED);
-    let tenant = TenantId::new(key.tenant_id)
-        .map_err(|e| reliability::Error::Config(format!("order view key: {e}")))?;
-    let lock = format!("{}:{}", aggregate::ORDER, key.order_id);
-    let mut tx = begin_as_handler(projection, views::CONSUMER, tenant, &lock).await?;
+    let mut tx = reproject::lock(projection, key).await?;
     if whole {
         let (sources, ids): (Vec<&str>, Vec<i64>) =
             events.iter().map(|e| (e.source.as_str(), e.id)).unzip();
@@ -57,6 +57,9 @@ pub async fn order(projection: &PgPool, sources: &Sources, key: Key) -> Result<b
                 tracing::warn!(order = key.order_id, message_id = %event.message_id(), error = %e, "repair: event not applicable")
             }
         }
+    }
+    if let Some(rows) = &rows {
+        facts::replace(&mut tx, rows).await?;
     }
     views::recompute(&mut tx, key.order_id).await?;
     tx.commit().await?;

@@ -3,6 +3,7 @@
 
 mod appliers;
 mod history;
+mod reproject;
 
 use contracts::event;
 use projection::views::{CONSUMER, Views};
