@@ -12,7 +12,8 @@ VERSION=1.24.1
 SHA256=da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598fd3e0
 URL=http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_${VERSION}.orig.tar.gz
 TOOLS=${CARGO_TARGET_DIR:-target}/tools
-PREFIX=$PWD/$TOOLS/pgbouncer-$VERSION
+case $TOOLS in /*) ;; *) TOOLS=$PWD/$TOOLS ;; esac
+PREFIX=$TOOLS/pgbouncer-$VERSION
 
 say() { echo "pgbouncer: $*" >&2; }
 new_enough() { # new_enough BINARY
