@@ -26,10 +26,17 @@ pub(crate) async fn spawn() -> (ApiClient, TestDb, ShutdownToken) {
     (app.api, db, app.stop)
 }
 
-/// The life of one order: placed, reserved, captured, confirmed, refunded.
-fn life(order_id: i64) -> Vec<Envelope> {
-    let e = |id: i64, source: &str, event_type: &str, payload: Value| Envelope {
-        id: id + 100 * order_id,
+/// An event of tenant 1's order `order_id`, outbox id `id` of `source`,
+/// `id` seconds into the test's time.
+pub(crate) fn order_event(
+    order_id: i64,
+    id: i64,
+    source: &str,
+    event_type: &str,
+    payload: Value,
+) -> Envelope {
+    Envelope {
+        id,
         source: source.into(),
         tenant_id: 1,
         aggregate_type: "order".into(),
@@ -39,6 +46,14 @@ fn life(order_id: i64) -> Vec<Envelope> {
         occurred_at: chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap(),
         payload,
         aggregate_seq: None,
+    }
+}
+
+/// The life of one order: placed, reserved, captured, confirmed, refunded.
+fn life(order_id: i64) -> Vec<Envelope> {
+    let e = |id: i64, source: &str, event_type: &str, payload: Value| Envelope {
+        occurred_at: chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap(),
+        ..order_event(order_id, id + 100 * order_id, source, event_type, payload)
     };
     vec![
         e(

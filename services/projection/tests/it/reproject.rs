@@ -11,23 +11,14 @@ use projection::verify::{Sources, Verifier};
 use projection::views::{CONSUMER, Views};
 use reliability::consumer::{Consumer, ConsumerConfig};
 use reliability::outbox::Envelope;
-use serde_json::{Value, json};
+use serde_json::json;
 use testkit::{TestDb, amqp_url};
+
+use super::order_event;
 
 /// Tenant 1's order 1 as its events said it (`testkit::seeded_sources`).
 fn order_one() -> Vec<Envelope> {
-    let e = |id: i64, source: &str, event_type: &str, payload: Value| Envelope {
-        id,
-        source: source.into(),
-        tenant_id: 1,
-        aggregate_type: "order".into(),
-        aggregate_id: "1".into(),
-        event_type: event_type.into(),
-        event_version: 1,
-        occurred_at: chrono::DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap(),
-        payload,
-        aggregate_seq: None,
-    };
+    let e = |id, source, event_type, payload| order_event(1, id, source, event_type, payload);
     vec![
         e(
             1,
