@@ -19,12 +19,14 @@ impl Handler for History {
         // else fails for good, and parks its aggregate.
         e.event()?;
         // The next position of the aggregate; its primary key refuses a
-        // second applier writing the same one.
+        // second applier writing the same one. The tenant is named as well
+        // as enforced by row-level security: two tenants' products share
+        // SKUs, and a statement read by the owner would not be filtered.
         sqlx::query(
             "INSERT INTO aggregate_history
                  (tenant_id, aggregate_type, aggregate_id, position, aggregate_seq, source, message_id, event_type, occurred_at, payload)
              SELECT $1, $2, $3, coalesce(max(position), 0) + 1, $4, $5, $6, $7, $8, $9
-             FROM aggregate_history WHERE aggregate_type = $2 AND aggregate_id = $3",
+             FROM aggregate_history WHERE tenant_id = $1 AND aggregate_type = $2 AND aggregate_id = $3",
         )
         .bind(tx.tenant().get())
         .bind(&e.aggregate_type)
