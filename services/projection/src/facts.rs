@@ -85,16 +85,12 @@ pub(crate) async fn replace(tx: &mut TenantTx, order: &Order) -> Result<(), sqlx
         .bind(order.key.order_id)
         .execute(&mut **tx)
         .await?;
-    let facts = of(order);
-    let (types, refs, payloads): (Vec<&str>, Vec<i64>, Vec<Value>) = facts
-        .into_iter()
-        .map(|f| (f.event_type, f.reference, f.payload))
-        .fold(Default::default(), |(mut t, mut r, mut p), (a, b, c)| {
-            t.push(a);
-            r.push(b);
-            p.push(c);
-            (t, r, p)
-        });
+    let (mut types, mut refs, mut payloads) = (Vec::new(), Vec::new(), Vec::new());
+    for fact in of(order) {
+        types.push(fact.event_type);
+        refs.push(fact.reference);
+        payloads.push(fact.payload);
+    }
     sqlx::query(
         "INSERT INTO order_view_facts (tenant_id, order_id, event_type, ref, payload)
          SELECT $1, $2, t, r, p FROM unnest($3::text[], $4::bigint[], $5::jsonb[]) AS f(t, r, p)",
