@@ -297,6 +297,21 @@ Stop: make down (stops it with the stack)
 MSG
 }
 
+# A FalkorDB that is not ours (GRAPH_URL's, or another checkout's on our
+# port) outlives the stop: the stack's graph there goes instead, or `up`
+# would find the dropped databases' orders in it (a CI rehearsal's
+# `make verify` did). Bounded; a server that is gone is nothing to drop.
+drop_foreign_graph() {
+  local url=${GRAPH_URL:-$(scripts/falkordb.sh url)} name
+  local address=${url#*://}
+  local host=${address%:*} port=${address##*:}
+  for name in "${GRAPH_NAME:-commerce}" "${GRAPH_NAME:-commerce}.rebuild"; do
+    timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 0
+      printf "*2\r\n\$12\r\nGRAPH.DELETE\r\n\$%d\r\n%s\r\n" "${#3}" "$3" >&3
+      head -n1 <&3 | grep -q "^+" && echo "dropped graph $3 on $1:$2"' _ "$host" "$port" "$name" 2>/dev/null || true
+  done
+}
+
 reset() {
   down
   if [[ $PROFILE == release ]]; then cargo build --quiet --release --locked --bin reliability; else cargo build --quiet --locked --bin reliability; fi
@@ -317,6 +332,7 @@ reset() {
   scripts/falkordb.sh stop
   rm -rf "$RUN/falkordb"
   echo "dropped the graph ($RUN/falkordb)"
+  drop_foreign_graph
   if [[ -n $queues ]]; then
     # shellcheck disable=SC2086
     "$(bin reliability)" queue delete --yes $queues
