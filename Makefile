@@ -8,7 +8,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
-.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
+.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-upgrade e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -158,8 +158,16 @@ e2e-pgbouncer: ## the scenarios a pooler can change, with the runtime role throu
 	cargo build --locked --bins
 	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_ONLY="$(E2E_PGBOUNCER_ONLY)" E2E_SKIP="$(E2E_PGBOUNCER_SKIP)" E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
 
-e2e-full: ## the whole matrix: make e2e, every scenario through PgBouncer, and make test on RabbitMQ 4 (about an hour more than CI's share)
-	$(MAKE) --no-print-directory e2e
+# The release a rolling upgrade starts from: one whose relays do not number.
+UPGRADE_FROM_REV ?= 953eb30
+
+e2e-upgrade: ## a rolling upgrade under load from $(UPGRADE_FROM_REV), whose relays do not number, to this tree: every history in outbox order (builds that release's services once, ~3 min; E2E_ONLY= runs every make e2e scenario after it, as CI does)
+	BASELINE_PROFILE=debug scripts/bench-baseline.sh $(UPGRADE_FROM_REV) > .upgrade-from
+	from=$$(cat .upgrade-from); rm -f .upgrade-from; \
+	  E2E_UPGRADE_FROM=$$from E2E_ONLY=$${E2E_ONLY-upgrade} $(MAKE) --no-print-directory e2e
+
+e2e-full: ## the whole matrix: make e2e with the rolling upgrade, every scenario through PgBouncer, and make test on RabbitMQ 4 (about an hour more than CI's share)
+	E2E_ONLY= $(MAKE) --no-print-directory e2e-upgrade
 	$(MAKE) --no-print-directory e2e-pgbouncer E2E_PGBOUNCER_ONLY=
 	$(MAKE) --no-print-directory test-rabbitmq4-full
 

@@ -5,6 +5,7 @@
 # directory that holds them.
 #
 #   scripts/bench-baseline.sh [REV]     # REV defaults to 953eb30
+#   BASELINE_PROFILE=debug scripts/bench-baseline.sh   # make e2e-upgrade's
 #
 # The build shares this tree's target directory, so only the workspace's
 # own crates compile again; the binaries are copied out before this tree's
@@ -14,7 +15,8 @@ rev=${1:-953eb30}
 root=$(git rev-parse --show-toplevel)
 target=${CARGO_TARGET_DIR:-$root/target}
 case $target in /*) ;; *) target=$root/$target ;; esac
-out=$target/baseline/$rev
+profile=${BASELINE_PROFILE:-release}
+out=$target/baseline/$rev-$profile
 bins=(orders inventory payments projection psp-sim)
 if [ -x "$out/bin/psp-sim" ]; then
   echo "$out/bin"
@@ -26,11 +28,13 @@ git -C "$root" cat-file -e "$rev^{commit}" 2>/dev/null || {
 }
 rm -rf "$out/src" && mkdir -p "$out/src" "$out/bin"
 git -C "$root" archive "$rev" | tar -x -C "$out/src"
-echo "bench-baseline: building $rev's services (release) into $out/bin" >&2
+echo "bench-baseline: building $rev's services ($profile) into $out/bin" >&2
 pkgs=()
 for b in "${bins[@]}"; do pkgs+=(-p "$b"); done
-(cd "$out/src" && CARGO_TARGET_DIR=$target cargo build --locked --release "${pkgs[@]}") >&2
-for b in "${bins[@]}"; do cp "$target/release/$b" "$out/bin/$b"; done
+flag=--release
+[ "$profile" = release ] || flag=
+(cd "$out/src" && CARGO_TARGET_DIR=$target cargo build --locked $flag "${pkgs[@]}") >&2
+for b in "${bins[@]}"; do cp "$target/$profile/$b" "$out/bin/$b"; done
 # Nothing of the baseline's sources is needed any more.
 rm -rf "$out/src"
 echo "$out/bin"

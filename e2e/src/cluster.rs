@@ -153,6 +153,7 @@ pub async fn launch_built(
             let store = graph::store::Store::new(&graph_url(), layout.name);
             std::sync::Arc::new(store)
         }),
+        rolled_from_unnumbered: false,
     };
     if let Some(graph) = &dbs.graph {
         graph

@@ -153,6 +153,11 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
             .await
             .unwrap();
     }
+    // And one undecided for ten minutes: stuck, not in flight.
+    sqlx::query("INSERT INTO orders (tenant_id, customer_id, currency, total_cents, created_at) VALUES (99, 'c', 'EUR', 1, now() - interval '10 minutes')")
+        .execute(&stack.dbs.orders.owner)
+        .await
+        .unwrap();
     // And a refund that ended failed: money promised back, not given.
     sqlx::raw_sql(
         "WITH p AS (INSERT INTO payments (tenant_id, order_id, customer_id, amount_cents, currency, status)
@@ -169,6 +174,7 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         service: "orders",
         table: "orders",
         in_flight: "status = 'pending'",
+        since: "created_at",
     }];
     let mut s = status::status(&estate).await;
     status::admission(&estate, &work, &limits, &mut s).await;
@@ -198,7 +204,15 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         .iter()
         .find(|a| a.tenant_id == 99)
         .expect("tenant 99 shown");
-    assert_eq!((line.in_flight, line.bound), (2, 2));
+    assert_eq!((line.in_flight, line.stuck, line.bound), (2, 1, 2));
+    assert!(
+        s.problems
+            .iter()
+            .any(|p| p
+                .starts_with("orders: tenant 99 has 1 order(s) undecided for over 300 s: stuck")),
+        "{:?}",
+        s.problems
+    );
     // Connections counted against the server's limit, per service database.
     assert_eq!(s.connections.len(), 4, "{:?}", s.connections);
     for c in &s.connections {

@@ -76,6 +76,9 @@ enum Command {
         /// Tenants with a bound of their own: `tenant=bound,...`.
         #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
         admission_tenant_max_in_flight: String,
+        /// Seconds after which undecided work is stuck (as they read it).
+        #[arg(long, env = "ADMISSION_STUCK_AFTER_SECS", default_value_t = service_kit::admission::STUCK_AFTER_SECS)]
+        admission_stuck_after_secs: u64,
         /// Exit 1 when anything needs an operator (the problems listed),
         /// for cron and probes; without it, status always exits 0.
         #[arg(long)]
@@ -180,6 +183,7 @@ const WORK_IN_FLIGHT: &[ops::status::WorkInFlight] = &[ops::status::WorkInFlight
     service: "orders",
     table: "orders",
     in_flight: "status = 'pending'",
+    since: "created_at",
 }];
 
 /// Where an order has rows: (service, table), each keyed by `order_id`.
@@ -276,13 +280,17 @@ async fn main() -> anyhow::Result<()> {
             estate,
             admission_max_in_flight,
             admission_tenant_max_in_flight,
+            admission_stuck_after_secs,
             check,
         } => {
-            let limits = service_kit::admission::AdmissionLimits::parse(
-                admission_max_in_flight,
-                &admission_tenant_max_in_flight,
-                std::time::Duration::ZERO,
-            )?;
+            let limits = service_kit::admission::AdmissionLimits {
+                stuck_after: std::time::Duration::from_secs(admission_stuck_after_secs),
+                ..service_kit::admission::AdmissionLimits::parse(
+                    admission_max_in_flight,
+                    &admission_tenant_max_in_flight,
+                    std::time::Duration::ZERO,
+                )?
+            };
             let estate = estate.open().await?;
             let mut status = ops::status::status(&estate).await;
             ops::status::admission(&estate, WORK_IN_FLIGHT, &limits, &mut status).await;

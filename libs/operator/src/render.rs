@@ -124,8 +124,8 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
     }
     if !status.admission.is_empty() {
         println!(
-            "\n{:<12} {:>10} {:>10} {:>8}",
-            "ADMISSION", "tenant", "in flight", "bound"
+            "\n{:<12} {:>10} {:>10} {:>8} {:>8}",
+            "ADMISSION", "tenant", "in flight", "stuck", "bound"
         );
         for a in &status.admission {
             let bound = if a.bound == 0 {
@@ -134,8 +134,8 @@ pub fn status(json: bool, status: &Status) -> anyhow::Result<()> {
                 a.bound.to_string()
             };
             println!(
-                "{:<12} {:>10} {:>10} {:>8}",
-                a.service, a.tenant_id, a.in_flight, bound
+                "{:<12} {:>10} {:>10} {:>8} {:>8}",
+                a.service, a.tenant_id, a.in_flight, a.stuck, bound
             );
         }
     }

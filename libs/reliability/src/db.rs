@@ -163,11 +163,28 @@ fn role_password() -> Option<String> {
         .filter(|p| !p.is_empty())
 }
 
+/// The session setting, and its value, by which a relay says it numbers
+/// each aggregate's events (docs/adr/0028): the outbox shows its rows to
+/// no other relay (migration `0012_relays_that_number.sql`), so a relay of
+/// an older release left running in a rolling upgrade claims nothing.
+pub const RELAY_NUMBERS: (&str, &str) = ("reliability.relay", "numbers");
+
+/// `options` with [`RELAY_NUMBERS`]: for a relay's own URL
+/// (`RELAY_DATABASE_URL`) as for the one made from the service's.
+pub fn numbering_relay(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([RELAY_NUMBERS])
+}
+
 /// Connection options for `role` on `base`'s server and database, with
-/// `DB_ROLE_PASSWORD` when set (never `base`'s password: that is another role's).
+/// `DB_ROLE_PASSWORD` when set (never `base`'s password: that is another
+/// role's). The relay role's sessions carry [`RELAY_NUMBERS`] from their
+/// start, so it costs no statement.
 pub fn options_for_role(base: &PgConnectOptions, role: &str) -> PgConnectOptions {
     use_one_crypto_provider();
-    let options = base.clone().username(role);
+    let mut options = base.clone().username(role);
+    if role == RELAY_ROLE {
+        options = numbering_relay(options);
+    }
     match role_password() {
         Some(password) => options.password(&password),
         None => options,

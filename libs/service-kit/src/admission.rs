@@ -1,9 +1,11 @@
 //! Admission that follows the pipeline (docs/adr/0027): a write route whose
 //! work is decided later (an order, by the saga) refuses a tenant whose work
 //! in flight has reached its bound, with a `Retry-After` from the rate at
-//! which that tenant's work is being decided, before the Idempotency-Key is
-//! claimed. The front door then accepts what the pipeline decides, instead
-//! of an unbounded backlog.
+//! which that tenant's work is being decided. It is asked once the
+//! Idempotency-Key is looked up and claimed: a retry of accepted work is
+//! answered from its stored response at the bound, and a refusal rolls the
+//! claim back, so the key stays free. The front door then accepts what the
+//! pipeline decides, instead of an unbounded backlog.
 //!
 //! Each serving process keeps, per tenant, the last count the service's own
 //! query returned (refreshed at most every `refresh`, by one request while
@@ -27,6 +29,20 @@ pub const ADMITTED: &str = "admission_admitted_total";
 pub const REFUSED: &str = "admission_refused_total";
 /// Refreshes of a tenant's count that failed (the request was admitted).
 pub const UNKNOWN: &str = "admission_unknown_total";
+/// Work undecided past [`AdmissionLimits::stuck_after`], of the tenants
+/// this process counted within [`STUCK_SEEN_WITHIN`].
+pub const STUCK: &str = "admission_stuck_work";
+
+/// How long work may stay undecided before it is stuck, not in flight: it
+/// leaves the count, so that work a pipeline will never decide (its events
+/// dead-lettered) does not lock its tenant out, and shows in `status` and
+/// in [`STUCK`]. Five minutes: the saga decides in seconds, and its
+/// slowest honest path (a provider look-up's grace, a retried payment)
+/// in about a minute.
+pub const STUCK_AFTER_SECS: u64 = 300;
+
+/// The tenants [`STUCK`] sums: those counted this recently.
+pub const STUCK_SEEN_WITHIN: Duration = Duration::from_secs(60);
 
 /// The bound per tenant and how fresh the count must be.
 #[derive(Debug, Clone)]
@@ -36,6 +52,8 @@ pub struct AdmissionLimits {
     /// Tenants with a bound of their own.
     pub per_tenant: HashMap<TenantId, u32>,
     pub refresh: Duration,
+    /// Past this age, undecided work is stuck: not counted in flight.
+    pub stuck_after: Duration,
 }
 
 impl Default for AdmissionLimits {
@@ -44,6 +62,7 @@ impl Default for AdmissionLimits {
             default: 0,
             per_tenant: HashMap::new(),
             refresh: Duration::from_millis(500),
+            stuck_after: Duration::from_secs(STUCK_AFTER_SECS),
         }
     }
 }
@@ -74,6 +93,7 @@ impl AdmissionLimits {
             default,
             per_tenant: map,
             refresh,
+            ..Self::default()
         })
     }
 
@@ -91,6 +111,8 @@ struct Seen {
     /// Work in flight at the last count, and the service's mark of the
     /// newest work then (the query counts what was created after it).
     in_flight: i64,
+    /// Work stuck at the last count.
+    stuck: i64,
     mark: Option<i64>,
     at: Option<Instant>,
     /// Work decided per second, smoothed over the counts.
@@ -103,10 +125,12 @@ struct Seen {
 /// The gate of one route: the service's query of a tenant's backlog, run
 /// in the tenant's own transaction (so RLS applies) with `$1` the mark the
 /// previous count returned (NULL the first time: nothing is "created
-/// since"), returning `(in_flight, created_since_mark, mark)` as `bigint`s.
-/// Both counts must come from an index: they run on the request path.
+/// since") and `$2` [`AdmissionLimits::stuck_after`] in seconds
+/// (`float8`), returning `(in_flight, created_since_mark, mark, stuck)` as
+/// `bigint`s: work undecided for less than `$2`, and for longer. The
+/// counts must come from an index: they run on the request path.
 /// Layer it on the route (`route_layer(Extension(backlog))`); the
-/// `Idempotent` extractor asks it before it claims the key.
+/// `Idempotent` extractor asks it once the key is claimed fresh.
 #[derive(Clone)]
 pub struct Backlog {
     limits: Arc<AdmissionLimits>,
@@ -152,12 +176,18 @@ impl Backlog {
             let counted = self.count(tenant, mark).await;
             drop(refreshing);
             match counted {
-                Ok((in_flight, created, mark)) => {
+                Ok((in_flight, created, mark, stuck)) => {
                     let mut tenants = self.tenants.lock().expect("admission state");
                     tenants
                         .entry(tenant)
                         .or_default()
-                        .update(in_flight, created, mark);
+                        .update(in_flight, created, mark, stuck);
+                    let stuck: i64 = tenants
+                        .values()
+                        .filter(|s| s.at.is_some_and(|at| at.elapsed() < STUCK_SEEN_WITHIN))
+                        .map(|s| s.stuck)
+                        .sum();
+                    metrics::gauge!(STUCK).set(stuck as f64);
                 }
                 Err(e) => {
                     // The claim that follows meets the same database: it
@@ -183,10 +213,11 @@ impl Backlog {
         ))
     }
 
-    async fn count(&self, tenant: TenantId, mark: Option<i64>) -> Result<(i64, i64, i64)> {
+    async fn count(&self, tenant: TenantId, mark: Option<i64>) -> Result<(i64, i64, i64, i64)> {
         let mut tx = reliability::TenantTx::begin(&self.pool, tenant).await?;
         let counted = sqlx::query_as(sqlx::AssertSqlSafe(self.sql))
             .bind(mark)
+            .bind(self.limits.stuck_after.as_secs_f64())
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -215,7 +246,10 @@ impl Drop for Refreshing<'_> {
 }
 
 impl Seen {
-    fn update(&mut self, in_flight: i64, created: i64, mark: i64) {
+    /// Work that became stuck since the last count left `in_flight`
+    /// undecided: it counts here as decided, a small overestimate of the
+    /// drain rate only while it ages out.
+    fn update(&mut self, in_flight: i64, created: i64, mark: i64, stuck: i64) {
         let now = Instant::now();
         if let (Some(at), Some(_)) = (self.at, self.mark) {
             let secs = now.duration_since(at).as_secs_f64().max(0.001);
@@ -228,6 +262,7 @@ impl Seen {
             };
         }
         self.in_flight = in_flight;
+        self.stuck = stuck;
         self.mark = Some(mark);
         self.at = Some(now);
         self.admitted = 0;
@@ -269,7 +304,11 @@ mod tests {
             default: bound,
             ..AdmissionLimits::default()
         };
-        Backlog::new(pool, limits, "SELECT 0::bigint, 0::bigint, 0::bigint")
+        Backlog::new(
+            pool,
+            limits,
+            "SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint",
+        )
     }
 
     #[tokio::test]

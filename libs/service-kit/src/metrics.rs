@@ -3,7 +3,7 @@
 //! ([`reliability::metrics::CATALOGUE`]): the service's runtime gives each its
 //! HELP text, and the docs and the dashboard are checked against both lists.
 
-use Kind::{Counter, Histogram};
+use Kind::{Counter, Gauge, Histogram};
 use reliability::metrics::{Kind, Metric};
 
 pub const IDEMPOTENCY_HITS: &str = "idempotency_cache_hits_total";
@@ -30,4 +30,5 @@ pub const CATALOGUE: &[Metric] = &[
     Metric::new(crate::admission::ADMITTED, Counter, &[], "Requests a gated route admitted: the tenant was under its bound of work in flight."),
     Metric::new(crate::admission::REFUSED, Counter, &[], "Requests a gated route refused (429 backlog_full): the tenant was at its bound of work in flight."),
     Metric::new(crate::admission::UNKNOWN, Counter, &[], "Requests admitted because the tenant's work in flight could not be counted."),
+    Metric::new(crate::admission::STUCK, Gauge, &[], "Work undecided past ADMISSION_STUCK_AFTER_SECS, of the tenants this process counted in the last minute: it no longer counts against their bound."),
 ];

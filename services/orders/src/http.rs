@@ -21,13 +21,17 @@ use utoipa_axum::routes;
 use crate::Error;
 use crate::domain::{self, NewOrder, OrderId};
 
-/// A tenant's orders the saga has not decided, those created since the
-/// last count's mark (µs since the epoch), and the new mark: what
-/// admission counts before `POST /orders` claims its key (docs/adr/0027).
-/// Served by the indexes of migration 1003.
-const IN_FLIGHT: &str = "SELECT (SELECT count(*) FROM orders WHERE status = 'pending'), \
+/// A tenant's orders the saga has not decided (placed in the last `$2`
+/// seconds), those created since the last count's mark (µs since the
+/// epoch), the new mark, and the orders undecided for longer (stuck): what
+/// admission counts for `POST /orders` (docs/adr/0027). Served by the
+/// indexes of migrations 1003 and 1004.
+const IN_FLIGHT: &str = "SELECT (SELECT count(*) FROM orders WHERE status = 'pending' \
+                          AND created_at > now() - make_interval(secs => $2)), \
      (SELECT count(*) FROM orders WHERE created_at > to_timestamp($1::bigint / 1000000.0)), \
-     (extract(epoch FROM now()) * 1000000)::bigint";
+     (extract(epoch FROM now()) * 1000000)::bigint, \
+     (SELECT count(*) FROM orders WHERE status = 'pending' \
+      AND created_at <= now() - make_interval(secs => $2))";
 
 pub fn router(state: ApiState) -> OpenApiRouter {
     OpenApiRouter::new()

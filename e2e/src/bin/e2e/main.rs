@@ -37,6 +37,7 @@ mod report;
 mod run;
 mod scale;
 mod servers;
+mod upgrade;
 
 /// How long one scenario may run before it counts as stuck: the longest
 /// fault held is the 5-minute memory alarm, and its drain.
@@ -116,6 +117,14 @@ fn main() -> anyhow::Result<()> {
 async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> {
     let dev = |name: &str| std::env::var(name).unwrap_or_default();
     let watch = Untouched::watch(&dev("E2E_DEV_DATABASE_URL"), &dev("E2E_DEV_AMQP_URL")).await;
+    // `E2E_UPGRADE_FROM=<dir of an older release's binaries>` (make
+    // e2e-upgrade): the rolling upgrade first, on a stack of its own, before
+    // the run's stack starts beside it.
+    let mut rows = Vec::new();
+    if let Some(old_bins) = std::env::var_os("E2E_UPGRADE_FROM").filter(|d| !d.is_empty()) {
+        println!("-- {}", upgrade::NAME);
+        rows.push(upgrade::row(std::path::Path::new(&old_bins)).await);
+    }
     let mut run = setup(world).await?;
     println!(
         "stack up in {:.1}s; running scenarios (logs in .run/e2e/)",
@@ -127,7 +136,6 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
     // broker-only scenarios).
     let list = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let (only, skip) = (list("E2E_ONLY"), list("E2E_SKIP"));
-    let mut rows = Vec::new();
     for (i, (name, scenario)) in scenarios().into_iter().enumerate() {
         let tenant = i as i64 + 1;
         let named = |list: &Option<String>| {

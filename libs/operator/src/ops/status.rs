@@ -50,11 +50,14 @@ pub struct ConnectionsLine {
 }
 
 /// Where a service keeps work it has accepted and not yet decided: the
-/// table, and the condition of a row in flight (an index serves it).
+/// table, the condition of a row undecided, and the column of its time of
+/// acceptance (an index serves both): undecided past the admission's
+/// `stuck_after`, it is stuck, not in flight.
 pub struct WorkInFlight {
     pub service: &'static str,
     pub table: &'static str,
     pub in_flight: &'static str,
+    pub since: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,6 +65,8 @@ pub struct AdmissionLine {
     pub service: String,
     pub tenant_id: i64,
     pub in_flight: i64,
+    /// Undecided past the bound's `stuck_after`: not counted in flight.
+    pub stuck: i64,
     /// 0: no bound.
     pub bound: u32,
 }
@@ -82,25 +87,34 @@ pub async fn admission(
         let Some(pool) = estate.database(w.service) else {
             continue;
         };
-        // Table and condition come from the caller's constant list.
+        // Table and columns come from the caller's constant list.
+        let (table, in_flight, since) = (w.table, w.in_flight, w.since);
         let sql = format!(
-            "SELECT tenant_id, count(*) FROM {} WHERE {} GROUP BY tenant_id ORDER BY 2 DESC, 1 LIMIT {ADMISSION_TOP}",
-            w.table, w.in_flight
+            "SELECT tenant_id, count(*) FILTER (WHERE {since} > now() - make_interval(secs => $1)),
+                    count(*) FILTER (WHERE {since} <= now() - make_interval(secs => $1))
+             FROM {table} WHERE {in_flight} GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT {ADMISSION_TOP}"
         );
-        let rows: Vec<(i64, i64)> = match sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let rows: Vec<(i64, i64, i64)> = match sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(limits.stuck_after.as_secs_f64())
             .fetch_all(pool)
             .await
         {
             Ok(rows) => rows,
             Err(e) => {
-                status
-                    .problems
-                    .push(format!("{}: work in flight not counted: {e}", w.service));
+                let problem = format!("{}: work in flight not counted: {e}", w.service);
+                status.problems.push(problem);
                 continue;
             }
         };
-        for (tenant_id, in_flight) in rows {
+        for (tenant_id, in_flight, stuck) in rows {
             let bound = TenantId::new(tenant_id).map_or(limits.default, |t| limits.bound(t));
+            if stuck > 0 {
+                status.problems.push(format!(
+                    "{}: tenant {tenant_id} has {stuck} order(s) undecided for over {} s: stuck, no longer counted against its bound (`reliability explain order`; runbook: \"Orders stay pending\")",
+                    w.service,
+                    limits.stuck_after.as_secs()
+                ));
+            }
             if bound > 0 && in_flight >= i64::from(bound) {
                 status.problems.push(format!(
                     "{}: tenant {tenant_id} is at its admission bound ({in_flight} in flight of {bound}): its new work gets 429 until the pipeline decides some",
@@ -111,6 +125,7 @@ pub async fn admission(
                 service: w.service.to_owned(),
                 tenant_id,
                 in_flight,
+                stuck,
                 bound,
             });
         }

@@ -135,17 +135,6 @@ where
         if let Err(wait) = config.rate_limit.check(tenant) {
             return Err(crate::rate_limit::rate_limited(&scope, wait).into_response());
         }
-        if let Some(backlog) = backlog
-            && let Err(secs) = backlog.admit(tenant).await
-        {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "backlog_full",
-                "this tenant has as much work in flight as it may have; retry later",
-            )
-            .with_retry_after(secs)
-            .into_response());
-        }
         let Some(in_flight) = config.enter((tenant, scope.clone(), key.clone())).await else {
             metrics::counter!(crate::metrics::IDEMPOTENCY_IN_FLIGHT, "scope" => scope).increment(1);
             return Err(still_in_flight());
@@ -156,6 +145,22 @@ where
         let counter = |name: &'static str| metrics::counter!(name, "scope" => scope.clone());
         match outcome {
             Ok(Claim::Fresh(tx)) => {
+                // Admission after the key's look-up (ADR 0027, amended in
+                // session 34): a retry of accepted work gets its stored
+                // answer even at the bound, and a refusal rolls the claim
+                // back, so the key stays free and nothing is written.
+                if let Some(backlog) = backlog
+                    && let Err(secs) = backlog.admit(tenant).await
+                {
+                    let _ = tx.rollback().await;
+                    return Err(ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "backlog_full",
+                        "this tenant has as much work in flight as it may have; retry later",
+                    )
+                    .with_retry_after(secs)
+                    .into_response());
+                }
                 counter(crate::metrics::IDEMPOTENCY_MISSES).increment(1);
                 Ok(Self {
                     body,

@@ -128,6 +128,11 @@ pub struct CommonSettings {
     /// each serving process counts at most this often per tenant.
     #[arg(long, env = "ADMISSION_REFRESH_MS", default_value_t = 500)]
     pub admission_refresh_ms: u64,
+    /// Seconds after which undecided work is stuck: it no longer counts
+    /// against its tenant's bound, and shows in `status` and in
+    /// `admission_stuck_work`.
+    #[arg(long, env = "ADMISSION_STUCK_AFTER_SECS", default_value_t = crate::admission::STUCK_AFTER_SECS)]
+    pub admission_stuck_after_secs: u64,
     /// Writes a tenant may make at once above the sustained rate.
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
     pub rate_limit_burst: u32,
@@ -206,11 +211,14 @@ impl CommonSettings {
     }
 
     pub fn admission(&self) -> Result<AdmissionLimits> {
-        AdmissionLimits::parse(
-            self.admission_max_in_flight,
-            &self.admission_tenant_max_in_flight,
-            Duration::from_millis(self.admission_refresh_ms),
-        )
+        Ok(AdmissionLimits {
+            stuck_after: Duration::from_secs(self.admission_stuck_after_secs),
+            ..AdmissionLimits::parse(
+                self.admission_max_in_flight,
+                &self.admission_tenant_max_in_flight,
+                Duration::from_millis(self.admission_refresh_ms),
+            )?
+        })
     }
 
     pub fn fail_points(&self) -> Result<FailPoints> {
@@ -292,6 +300,9 @@ impl Databases {
     ) -> Result<Self> {
         let role = |over: &Option<String>, role: &str| -> Result<PgConnectOptions> {
             let options = match over {
+                Some(url) if role == db::RELAY_ROLE => {
+                    db::numbering_relay(PgConnectOptions::from_str(url)?)
+                }
                 Some(url) => PgConnectOptions::from_str(url)?,
                 None => db::options_for_role(&PgConnectOptions::from_str(database_url)?, role),
             };

@@ -1,7 +1,7 @@
 //! Admission that follows the pipeline (docs/adr/0027): a tenant at its
-//! bound of orders in flight is refused before its key is claimed, with a
-//! `Retry-After`; other tenants, reads, and the same tenant once an order
-//! is decided, are served.
+//! bound of orders in flight is refused with a `Retry-After`, its key left
+//! free; a retry of an order it placed gets its stored 201; other tenants,
+//! reads, and the same tenant once an order is decided, are served.
 
 use testkit::Answer;
 
@@ -45,7 +45,8 @@ async fn keys_of(app: &TestApp, tenant: i64, key: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn a_tenant_at_its_bound_is_refused_before_its_key_is_claimed_and_others_are_served() {
+async fn a_tenant_at_its_bound_is_refused_with_its_key_left_free_and_its_retries_and_others_are_served()
+ {
     let app = TestApp::spawn_with(|c| {
         c.admission_tenant_max_in_flight = format!("{BOUNDED}=3");
         // Counted on every request, so the test sees each order at once.
@@ -74,6 +75,12 @@ async fn a_tenant_at_its_bound_is_refused_before_its_key_is_claimed_and_others_a
         .await
         .unwrap();
     assert_eq!(orders, 3, "the refused order wrote nothing");
+
+    // A retry of an accepted order, at the bound: its stored 201, not a
+    // 429 (issue 44: admission comes after the key's look-up).
+    let (status, replayed, again) = app.place(BOUNDED, "k0", ORDER).await;
+    assert_eq!((status, replayed), (201, true), "{again}");
+    assert_eq!(again["order_id"], placed[0]);
 
     // Another tenant is accepted; reads are never gated.
     assert_eq!(app.place(8, "k3", ORDER).await.0, 201);
@@ -147,4 +154,37 @@ async fn reads_have_a_per_tenant_budget_of_their_own() {
         || async { app.api.get(1, &path).await.0 == 200 },
     )
     .await;
+}
+
+/// Orders the pipeline will never decide (their saga events dead-lettered,
+/// say) leave the count once undecided past `ADMISSION_STUCK_AFTER_SECS`:
+/// the tenant is no longer locked out, and the gauge counts them (issue
+/// 44). Before, they counted against the bound until an operator re-drove.
+#[tokio::test]
+async fn orders_undecided_past_the_stuck_bound_no_longer_lock_their_tenant_out() {
+    let app = TestApp::spawn_with(|c| {
+        c.admission_tenant_max_in_flight = format!("{BOUNDED}=2");
+        c.admission_refresh_ms = 0;
+        c.admission_stuck_after_secs = 60;
+    })
+    .await;
+    for i in 0..2 {
+        let (status, _, order): Answer = app.place(BOUNDED, &format!("k{i}"), ORDER).await;
+        assert_eq!(status, 201, "{order}");
+    }
+    assert_eq!(place_raw(&app, BOUNDED, "k2").await.0, 429);
+
+    // Still pending ten minutes on: stuck, not in flight.
+    sqlx::query(
+        "UPDATE orders SET created_at = created_at - interval '10 minutes' WHERE tenant_id = $1",
+    )
+    .bind(BOUNDED)
+    .execute(&app.db.owner)
+    .await
+    .unwrap();
+    let (status, replayed, order) = app.place(BOUNDED, "k2", ORDER).await;
+    assert_eq!((status, replayed), (201, false), "{order}");
+    let metrics = app.metrics().await;
+    assert!(metrics.contains("admission_stuck_work 2"), "{metrics}");
+    app.stop().await;
 }

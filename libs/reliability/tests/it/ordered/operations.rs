@@ -96,3 +96,56 @@ async fn changing_k_after_a_drain_keeps_every_aggregate_in_order() {
     broker.cleanup_ordered(&eight).await;
     db.cleanup().await;
 }
+
+/// A rolling upgrade from a release whose relays do not number (ADR 0028,
+/// amended in session 34): once today's migrations ran, a relay session
+/// that does not say it numbers (an older release's, left running beside
+/// today's) claims nothing, and today's relay publishes every event,
+/// numbered. Without migration 0012's policy the old relay claims all five
+/// and would publish them unnumbered, to one partition.
+#[tokio::test]
+async fn a_relay_of_a_release_that_does_not_number_claims_nothing() {
+    use std::str::FromStr;
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let spec = spec(&broker, 2);
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    for n in 0..5 {
+        write_one(&db, 1, &format!("a{n}")).await;
+    }
+    // The relay role as an older release connects: without the setting.
+    let mut as_old = sqlx::postgres::PgConnectOptions::from_str(&testkit::database_url())
+        .unwrap()
+        .database(&db.name)
+        .username(reliability::db::RELAY_ROLE);
+    if let Ok(password) = std::env::var(reliability::db::ROLE_PASSWORD_ENV) {
+        as_old = as_old.password(&password);
+    }
+    let old_pool = reliability::db::pool(as_old, 2).await.unwrap();
+    let mut cfg = RelayConfig::new("svc", &broker.exchange);
+    cfg.topology = vec![spec.clone()];
+    let old = Relay::new(old_pool, &amqp_url(), cfg);
+    let report = old
+        .relay_batch(&old.publisher().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.claimed, report.published),
+        (0, 0),
+        "an old relay claimed events"
+    );
+
+    let ours = relay(&db, &broker, &spec);
+    let report = ours
+        .relay_batch(&ours.publisher().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!((report.claimed, report.published), (5, 5));
+    let unnumbered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL OR aggregate_seq IS NULL",
+    )
+    .fetch_one(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(unnumbered, 0, "events left unpublished or unnumbered");
+}
