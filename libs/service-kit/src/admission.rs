@@ -41,6 +41,10 @@ pub const STUCK: &str = "admission_stuck_work";
 /// in about a minute.
 pub const STUCK_AFTER_SECS: u64 = 300;
 
+/// Under a derived bound ([`AdmissionLimits::horizon`]), what a tenant may
+/// have in flight before any of its work has been decided: its first burst.
+pub const DERIVED_FLOOR: u32 = 32;
+
 /// The tenants [`STUCK`] sums: those counted this recently.
 pub const STUCK_SEEN_WITHIN: Duration = Duration::from_secs(60);
 
@@ -54,6 +58,11 @@ pub struct AdmissionLimits {
     pub refresh: Duration,
     /// Past this age, undecided work is stuck: not counted in flight.
     pub stuck_after: Duration,
+    /// A bound derived from the pipeline: a tenant may have in flight what
+    /// is being decided of its work in this long (its drain rate times the
+    /// horizon), at least [`DERIVED_FLOOR`] and at most its fixed bound.
+    /// Zero: the fixed bound alone.
+    pub horizon: Duration,
 }
 
 impl Default for AdmissionLimits {
@@ -63,6 +72,7 @@ impl Default for AdmissionLimits {
             per_tenant: HashMap::new(),
             refresh: Duration::from_millis(500),
             stuck_after: Duration::from_secs(STUCK_AFTER_SECS),
+            horizon: Duration::ZERO,
         }
     }
 }
@@ -201,16 +211,14 @@ impl Backlog {
         let mut tenants = self.tenants.lock().expect("admission state");
         let seen = tenants.entry(tenant).or_default();
         let in_flight = seen.in_flight + seen.admitted;
-        if in_flight < i64::from(bound) {
+        let limit = seen.limit(bound, self.limits.horizon);
+        if in_flight < limit {
             seen.admitted += 1;
             metrics::counter!(ADMITTED).increment(1);
             return Ok(());
         }
         metrics::counter!(REFUSED).increment(1);
-        Err(retry_after(
-            in_flight + 1 - i64::from(bound),
-            seen.drain_per_sec,
-        ))
+        Err(retry_after(in_flight + 1 - limit, seen.drain_per_sec))
     }
 
     async fn count(&self, tenant: TenantId, mark: Option<i64>) -> Result<(i64, i64, i64, i64)> {
@@ -269,6 +277,23 @@ impl Seen {
     }
 }
 
+impl Seen {
+    /// What the tenant may have in flight: `fixed`, or under a `horizon`
+    /// what the pipeline decides of its work in that long (Little's law:
+    /// the work in flight that keeps its decisions `horizon` behind), within
+    /// [`DERIVED_FLOOR`] and `fixed`. The drain rate is itself bounded by
+    /// the limit, so a horizon shorter than an order's time in flight at
+    /// this load decays to the floor (ADR 0027, amended in session 35).
+    fn limit(&self, fixed: u32, horizon: Duration) -> i64 {
+        let fixed = i64::from(fixed);
+        if horizon.is_zero() {
+            return fixed;
+        }
+        let derived = (self.drain_per_sec * horizon.as_secs_f64()).ceil() as i64;
+        derived.max(i64::from(DERIVED_FLOOR)).min(fixed)
+    }
+}
+
 /// Seconds until `excess` units of work are decided at `drain_per_sec`,
 /// within 1 and [`MAX_RETRY_AFTER_SECS`].
 pub fn retry_after(excess: i64, drain_per_sec: f64) -> u32 {
@@ -289,6 +314,29 @@ mod tests {
         assert_eq!(retry_after(1, 100.0), 1);
         assert_eq!(retry_after(10_000, 1.0), MAX_RETRY_AFTER_SECS);
         assert_eq!(retry_after(3, 0.0), MAX_RETRY_AFTER_SECS);
+    }
+
+    #[test]
+    fn a_derived_bound_follows_the_drain_rate_within_its_floor_and_the_fixed_bound() {
+        let seen = |drain_per_sec| Seen {
+            drain_per_sec,
+            ..Seen::default()
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(seen(150.0).limit(1000, Duration::ZERO), 1000, "off");
+        assert_eq!(seen(150.0).limit(1000, second), 150);
+        assert_eq!(seen(150.0).limit(1000, 2 * second), 300);
+        assert_eq!(seen(0.0).limit(1000, second), i64::from(DERIVED_FLOOR));
+        assert_eq!(
+            seen(5000.0).limit(1000, second),
+            1000,
+            "the fixed bound caps it"
+        );
+        assert_eq!(
+            seen(0.0).limit(3, second),
+            3,
+            "a fixed bound under the floor holds"
+        );
     }
 
     /// A gate whose database is at `host:port`.

@@ -133,6 +133,11 @@ pub struct CommonSettings {
     /// `admission_stuck_work`.
     #[arg(long, env = "ADMISSION_STUCK_AFTER_SECS", default_value_t = crate::admission::STUCK_AFTER_SECS)]
     pub admission_stuck_after_secs: u64,
+    /// A bound derived from the pipeline, in ms: a tenant may have in
+    /// flight what is being decided of its work in this long (at least 32,
+    /// at most its fixed bound). 0: the fixed bound alone.
+    #[arg(long, env = "ADMISSION_HORIZON_MS", default_value_t = 0)]
+    pub admission_horizon_ms: u64,
     /// Writes a tenant may make at once above the sustained rate.
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 2000)]
     pub rate_limit_burst: u32,
@@ -213,6 +218,7 @@ impl CommonSettings {
     pub fn admission(&self) -> Result<AdmissionLimits> {
         Ok(AdmissionLimits {
             stuck_after: Duration::from_secs(self.admission_stuck_after_secs),
+            horizon: Duration::from_millis(self.admission_horizon_ms),
             ..AdmissionLimits::parse(
                 self.admission_max_in_flight,
                 &self.admission_tenant_max_in_flight,
