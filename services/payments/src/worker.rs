@@ -33,9 +33,11 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::task::JoinSet;
 
+use self::claim::Work;
 use crate::provider::Psp;
 
 mod charge;
+mod claim;
 mod refund;
 
 /// Fail point: the attempt is claimed; no request has left yet.
@@ -122,22 +124,6 @@ impl Default for WorkerConfig {
             tenant_share: 16,
             deadline: Duration::from_secs(15 * 60),
             grace: Duration::from_secs(120),
-        }
-    }
-}
-
-/// One claimed piece of work: a payment or refund, and which attempt at
-/// it this is (the claim numbered it).
-#[derive(Debug, Clone, Copy)]
-enum Work {
-    Charge(TenantId, i64, i32),
-    Refund(TenantId, i64, i32),
-}
-
-impl Work {
-    fn tenant(self) -> TenantId {
-        match self {
-            Self::Charge(t, ..) | Self::Refund(t, ..) => t,
         }
     }
 }
@@ -286,45 +272,19 @@ impl Worker {
         let work = self
             .claim(self.config.max_in_flight, &HashMap::new())
             .await?;
-        let results = join_all(work.iter().map(|&w| self.clone().perform(w))).await;
+        let tried = work.len();
+        let results = join_all(work.into_iter().map(|w| self.clone().perform(w))).await;
         for r in results {
             r?;
         }
-        Ok(work.len())
-    }
-
-    /// Leases up to `free` due payments and refunds, round-robin across
-    /// tenants, counting each tenant's calls of either kind already in
-    /// flight; rows another worker is claiming are skipped, not waited on.
-    async fn claim(&self, free: usize, busy: &HashMap<TenantId, usize>) -> Result<Vec<Work>> {
-        if free == 0 {
-            return Ok(Vec::new());
-        }
-        let tenants: Vec<i64> = busy.keys().map(|t| t.get()).collect();
-        let counts: Vec<i32> = busy.values().map(|&n| n as i32).collect();
-        let rows: Vec<(String, i64, i64, i32)> =
-            sqlx::query_as("SELECT * FROM claim_due_work($1, $2, $3, $4, $5)")
-                .bind(free as i32)
-                .bind(self.config.tenant_share as i32)
-                .bind(&tenants)
-                .bind(&counts)
-                .bind(self.config.lease.as_secs_f64())
-                .fetch_all(&self.pool)
-                .await?;
-        rows.into_iter()
-            .map(|(kind, tenant, id, attempt)| {
-                let tenant = tenant_id(tenant)?;
-                Ok(match kind.as_str() {
-                    "charge" => Work::Charge(tenant, id, attempt),
-                    _ => Work::Refund(tenant, id, attempt),
-                })
-            })
-            .collect()
+        Ok(tried)
     }
 
     async fn perform(self, work: Work) -> Result<()> {
         match work {
-            Work::Charge(tenant, id, attempt) => self.charge(tenant, id, attempt).await,
+            Work::Charge(tenant, id, attempt, leased) => {
+                self.charge(tenant, id, attempt, *leased).await
+            }
             Work::Refund(tenant, id, attempt) => self.refund(tenant, id, attempt).await,
         }
     }

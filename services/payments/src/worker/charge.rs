@@ -11,19 +11,21 @@ use serde_json::json;
 use super::{AFTER_PROVIDER, BEFORE_PROVIDER, BEFORE_RECORD_COMMIT, Worker};
 use crate::provider::{ChargeReply, ChargeState, EXPIRED, Reply, refused_because};
 
-#[derive(sqlx::FromRow)]
-struct Payment {
-    order_id: i64,
-    customer_id: String,
-    amount_cents: i64,
-    currency: String,
+/// A leased payment as the claim left it (`claim_due_work`).
+pub(super) struct Payment {
+    pub(super) order_id: i64,
+    pub(super) customer_id: String,
+    pub(super) amount_cents: i64,
+    pub(super) currency: String,
     /// An earlier request under the key may have moved money.
-    outcome_unknown: bool,
+    pub(super) outcome_unknown: bool,
     /// This attempt's lease end: the provider books nothing for its
     /// request after it.
-    not_after: DateTime<Utc>,
-    expired: bool,
-    traceparent: Option<String>,
+    pub(super) not_after: DateTime<Utc>,
+    /// Past the deadline, once an attempt made after it has not settled
+    /// the payment: a worker outage alone fails nothing.
+    pub(super) expired: bool,
+    pub(super) traceparent: Option<String>,
 }
 
 /// What one attempt learned.
@@ -44,30 +46,14 @@ enum Charge {
 }
 
 impl Worker {
-    #[tracing::instrument(skip(self), fields(tenant_id = %tenant))]
+    #[tracing::instrument(skip(self, p), fields(tenant_id = %tenant))]
     pub(super) async fn charge(
         &self,
         tenant: TenantId,
         payment_id: i64,
         attempt: i32,
+        p: Payment,
     ) -> Result<()> {
-        let mut tx = TenantTx::begin(&self.pool, tenant).await?;
-        // Past the deadline only once an attempt made after it has not
-        // settled the payment: a worker outage alone fails nothing.
-        let leased: Option<Payment> = sqlx::query_as(
-            "SELECT order_id, customer_id, amount_cents, currency, outcome_unknown, traceparent,
-                    coalesce(prev_sent_at >= first_attempt_at + make_interval(secs => $2), false) AS expired,
-                    sent_at + make_interval(secs => $4) AS not_after
-             FROM payments WHERE payment_id = $1 AND status = 'pending' AND attempts = $3",
-        )
-        .bind(payment_id)
-        .bind(self.config.deadline.as_secs_f64())
-        .bind(attempt)
-        .bind(self.config.lease.as_secs_f64())
-        .fetch_optional(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        let Some(p) = leased else { return Ok(()) };
         let parent = p.traceparent.as_deref().and_then(TraceContext::parse);
         let mut step = Span::start(
             contracts::source::PAYMENTS,
