@@ -5,8 +5,9 @@
 --
 -- An overload, not a replacement: a worker of the previous release calls
 -- the five-argument claim, and keeps working beside this one through a
--- rolling upgrade (the search_path is set as migration 1006 sets every
--- definer's).
+-- rolling upgrade. That one becomes a wrapper of this one (at the end), so
+-- the claim's rules live in one body. The search_path is set as migration
+-- 1006 sets every definer's.
 CREATE FUNCTION claim_due_work(max_rows integer, per_tenant integer, busy_tenants bigint[],
                                busy_counts integer[], lease_secs double precision,
                                deadline_secs double precision)
@@ -81,3 +82,17 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION claim_due_work(integer, integer, bigint[], integer[], double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION claim_due_work(integer, integer, bigint[], integer[], double precision, double precision) TO commerce_app;
+
+-- The five-argument claim, for a worker of the previous release: the same
+-- claim, its four columns. The deadline only decides `expired`, which it
+-- does not return.
+CREATE OR REPLACE FUNCTION claim_due_work(max_rows integer, per_tenant integer, busy_tenants bigint[],
+                                          busy_counts integer[], lease_secs double precision)
+    RETURNS TABLE (kind text, tenant_id bigint, id bigint, attempt integer)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT c.kind, c.tenant_id, c.id, c.attempt
+    FROM claim_due_work(max_rows, per_tenant, busy_tenants, busy_counts, lease_secs, 0) c;
+END $$;

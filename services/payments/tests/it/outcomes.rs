@@ -254,6 +254,55 @@ async fn a_temporary_table_named_payments_changes_nothing_for_the_claim() {
     db.cleanup().await;
 }
 
+/// A worker of the previous release calls the five-argument claim through
+/// a rolling upgrade (payments migration 1007): it still leases a due
+/// payment, numbering its attempt, and the six-argument claim returns the
+/// row the call needs.
+#[tokio::test]
+async fn both_claims_lease_a_due_payment_and_the_new_one_returns_its_row() {
+    let db = testkit::TestDb::with_migrations(&payments::MIGRATIONS).await;
+    sqlx::query(
+        "INSERT INTO payments (tenant_id, order_id, customer_id, amount_cents, currency)
+         VALUES (1, 7, 'c-1', 1250, 'EUR'), (1, 8, 'c-2', 990, 'EUR')",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let old: Vec<(String, i64, i64, i32)> =
+        sqlx::query_as("SELECT * FROM claim_due_work(1, 2, '{}', '{}', 30)")
+            .fetch_all(&db.app)
+            .await
+            .unwrap();
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!((old[0].0.as_str(), old[0].3), ("charge", 1));
+    type Row = (String, i64, i64, i32, i64, String, i64, String, bool, bool);
+    let new: Vec<Row> = sqlx::query_as(
+        "SELECT kind, tenant_id, id, attempt, order_id, customer_id, amount_cents, currency,
+                outcome_unknown, expired
+         FROM claim_due_work(10, 2, '{}', '{}', 30, 900)",
+    )
+    .fetch_all(&db.app)
+    .await
+    .unwrap();
+    assert_eq!(new.len(), 1, "the other payment is leased: {new:?}");
+    let (kind, _, id, attempt, order, customer, amount, currency, unknown, expired) =
+        new[0].clone();
+    assert_ne!(id, old[0].2);
+    assert_eq!(
+        (
+            kind.as_str(),
+            attempt,
+            order,
+            customer.as_str(),
+            amount,
+            currency.as_str()
+        ),
+        ("charge", 1, 8, "c-2", 990, "EUR")
+    );
+    assert!(!unknown && !expired);
+    db.cleanup().await;
+}
+
 /// Refunds that can never succeed end, where they were retried every
 /// 30 s for good and kept their amount reserved (issue 43): one the
 /// provider took and then failed (its 2xx says `failed`, on every try
