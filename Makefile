@@ -8,6 +8,16 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 export DATABASE_URL AMQP_URL
 
+# Every target that runs the binaries builds them with this one command, so
+# each reuses what the last compiled. The features decide the dependencies'
+# build hashes: CI sets BUILD_FEATURES=--all-features, make test's set, so
+# that the binaries and the tests share one compile of the dependencies
+# instead of two (about 150 crates).
+BUILD_FEATURES ?=
+export BUILD_FEATURES
+BUILD_BINS = cargo build --locked --workspace --bins $(BUILD_FEATURES)
+RELIABILITY = $(BUILD_BINS) --quiet && $${CARGO_TARGET_DIR:-target}/debug/reliability
+
 .PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-upgrade e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
 
 help: ## list the targets
@@ -20,7 +30,7 @@ test: test-clean ## run every test against the real PostgreSQL, RabbitMQ and Fal
 	@scripts/pg-tls.sh
 	@scripts/falkordb.sh start
 	@if command -v cargo-nextest >/dev/null; then \
-	  cargo test --doc -p contracts -p reliability -p service-kit -p testkit -p operator -p sources --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
+	  cargo test --doc --workspace --all-features --locked && cargo nextest run --workspace --all-targets --all-features --locked; \
 	else \
 	  cargo test --workspace --all-targets --all-features --locked; \
 	fi
@@ -46,7 +56,7 @@ test-clean: ## drop test databases and queues left by interrupted test runs
 	fi
 	@if command -v rabbitmqctl >/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then \
 	  queues=$$(timeout 120 rabbitmqctl -q list_queues name | grep '^reltest\.' || true); \
-	  if [ -n "$$queues" ]; then cargo run --quiet --locked --bin reliability -- queue delete --yes $$queues; fi; \
+	  if [ -n "$$queues" ]; then $(RELIABILITY) queue delete --yes $$queues; fi; \
 	fi
 
 lint: ## rustfmt check, clippy with warnings as errors, cargo deny (licenses, bans, sources), the ADR index up to date, every path the docs name exists, no source file outside tests/ over 400 lines, the crates' layering (scripts/check_crates.py)
@@ -66,10 +76,10 @@ fmt: ## format the code
 	cargo fmt --all
 
 roles: ## create the commerce_owner / commerce_app / commerce_relay roles
-	cargo run --quiet --locked --bin reliability -- setup --admin-url "$(DATABASE_URL)"
+	$(RELIABILITY) setup --admin-url "$(DATABASE_URL)"
 
 token: ## print a development JWT: make token TENANT=1
-	@cargo run --quiet --locked --bin reliability -- token --tenant $(or $(TENANT),1)
+	@$(RELIABILITY) token --tenant $(or $(TENANT),1)
 
 up: ## start the whole stack natively (local PostgreSQL and RabbitMQ); safe to run twice
 	scripts/stack.sh up
@@ -133,7 +143,7 @@ template-check: ## generate a throwaway service (its consumer ordered, the flag'
 	  rm -rf services/tmplcheck migrations/tmplcheck; git checkout -- services/roster.txt compose Cargo.lock; exit $$status
 
 openapi: ## write each service's OpenAPI document (target/openapi/) and the events' AsyncAPI document and JSON Schemas (target/asyncapi/), and validate them
-	cargo build --locked --bins
+	$(BUILD_BINS)
 	mkdir -p target/openapi
 	for s in $$(scripts/roster.sh names); do $${CARGO_TARGET_DIR:-target}/debug/$$s --openapi > target/openapi/$$s.json; done
 	py=$$(scripts/venv.sh openapi-spec-validator)/python3 && \
@@ -142,7 +152,7 @@ openapi: ## write each service's OpenAPI document (target/openapi/) and the even
 	  $$py scripts/check_asyncapi.py target/asyncapi
 
 e2e: ## crash, restart, freeze and node-loss scenarios against the stack as real processes, in a world of its own (its own PostgreSQL and 3-node RabbitMQ on ports 25401-25469; E2E_WORLD_PORT moves them); leaves the local servers alone
-	cargo build --locked --bins
+	$(BUILD_BINS)
 	$${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The scenarios whose outcome a transaction-mode pooler can change (ADR
@@ -155,7 +165,7 @@ E2E_PGBOUNCER_ONLY ?= baseline,Idempotency-Key,tenants,PostgreSQL restart,cut of
 E2E_PGBOUNCER_SKIP ?=
 
 e2e-pgbouncer: ## the scenarios a pooler can change, with the runtime role through PgBouncer in transaction mode (E2E_PGBOUNCER_ONLY= for all; builds PgBouncer 1.24 from Debian's source when the system's is older than 1.21)
-	cargo build --locked --bins
+	$(BUILD_BINS)
 	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_ONLY="$(E2E_PGBOUNCER_ONLY)" E2E_SKIP="$(E2E_PGBOUNCER_SKIP)" E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The release a rolling upgrade starts from: one whose relays do not number.
@@ -186,7 +196,7 @@ bench: ## measure the system against raw PostgreSQL/RabbitMQ limits (release, ab
 	  BENCH_BASELINE=$$baseline BENCH_BASELINE_REV=$(BENCH_BASELINE_REV) $${CARGO_TARGET_DIR:-target}/release/bench
 
 bench-smoke: ## the bench in miniature (seconds, debug build): what CI runs so it cannot rot
-	cargo build --locked -p bench $(SERVICE_PKGS)
+	$(BUILD_BINS)
 	scripts/falkordb.sh start
 	$${CARGO_TARGET_DIR:-target}/debug/bench --smoke
 

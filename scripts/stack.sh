@@ -116,7 +116,9 @@ up() {
   if [[ -n ${OTEL_EXPORTER_OTLP_ENDPOINT:-}${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-} || ${OTEL_TRACES_EXPORTER:-} == *otlp* ]]; then
     features=(--features reliability/otel)
   fi
-  if [[ $PROFILE == release ]]; then cargo build --release --locked --bins "${features[@]}"; else cargo build --locked --bins "${features[@]}"; fi
+  # BUILD_FEATURES: the Makefile's, so that make up reuses CI's build.
+  # shellcheck disable=SC2086
+  if [[ $PROFILE == release ]]; then cargo build --release --locked --bins "${features[@]}"; else cargo build --locked --workspace --bins ${BUILD_FEATURES:-} "${features[@]}"; fi
   # Said before anything starts: pools past the server's limit fail later,
   # one process at a time, with "too many connections".
   local budget
@@ -314,7 +316,8 @@ drop_foreign_graph() {
 
 reset() {
   down
-  if [[ $PROFILE == release ]]; then cargo build --quiet --release --locked --bin reliability; else cargo build --quiet --locked --bin reliability; fi
+  # shellcheck disable=SC2086
+  if [[ $PROFILE == release ]]; then cargo build --quiet --release --locked --bin reliability; else cargo build --quiet --locked --workspace --bins ${BUILD_FEATURES:-}; fi
   local db
   for db in $(databases); do
     psql "$ADMIN_DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"
