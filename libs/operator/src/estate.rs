@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use operator::ops;
+use service_kit::admission::AdmissionLimits;
 
 use crate::target::{self, Broker};
 
@@ -64,6 +65,34 @@ impl Estate {
             subscriptions: contracts::topology::ALL,
             ordered_partitions: self.ordered_partitions,
             management_url: Some(self.management_url),
+        })
+    }
+}
+
+/// The services' admission settings, as they read them: `status` shows
+/// each tenant against its bound.
+#[derive(clap::Args)]
+pub struct Admission {
+    /// The services' bound of work in flight per tenant (as they read it).
+    #[arg(long, env = "ADMISSION_MAX_IN_FLIGHT", default_value_t = 1000)]
+    admission_max_in_flight: u32,
+    /// Tenants with a bound of their own: `tenant=bound,...`.
+    #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
+    admission_tenant_max_in_flight: String,
+    /// Seconds after which undecided work is stuck (as they read it).
+    #[arg(long, env = "ADMISSION_STUCK_AFTER_SECS", default_value_t = service_kit::admission::STUCK_AFTER_SECS)]
+    admission_stuck_after_secs: u64,
+}
+
+impl Admission {
+    pub fn limits(&self) -> anyhow::Result<AdmissionLimits> {
+        Ok(AdmissionLimits {
+            stuck_after: Duration::from_secs(self.admission_stuck_after_secs),
+            ..AdmissionLimits::parse(
+                self.admission_max_in_flight,
+                &self.admission_tenant_max_in_flight,
+                Duration::ZERO,
+            )?
         })
     }
 }

@@ -1,10 +1,11 @@
 //! `reliability`: the operator's tool over every service database and the
-//! broker. `status` and `explain` look across all of them; `outbox`,
+//! broker. `status`, `explain` and `console` look across all of them; `outbox`,
 //! `queue`, `offsets`, `park`, `idempotency` and `maintenance` act on one. Database
 //! URLs come from the environment the services read (`<SERVICE>_DATABASE_URL`),
 //! so with `make up` none is needed. Every command that changes something
 //! takes `--dry-run` and asks first (or `--yes`).
 
+mod console_args;
 mod estate;
 mod outbox;
 mod park;
@@ -22,7 +23,7 @@ use reliability::{TenantId, broker, db};
 use service_kit::auth::JwtKeys;
 use sqlx::postgres::PgConnectOptions;
 
-use estate::Estate;
+use estate::{Admission, Estate};
 use target::{Broker, DEFAULT_AMQP_URL, Db};
 
 #[derive(Parser)]
@@ -70,19 +71,22 @@ enum Command {
     Status {
         #[command(flatten)]
         estate: Estate,
-        /// The services' bound of work in flight per tenant (as they read it).
-        #[arg(long, env = "ADMISSION_MAX_IN_FLIGHT", default_value_t = 1000)]
-        admission_max_in_flight: u32,
-        /// Tenants with a bound of their own: `tenant=bound,...`.
-        #[arg(long, env = "ADMISSION_TENANT_MAX_IN_FLIGHT", default_value = "")]
-        admission_tenant_max_in_flight: String,
-        /// Seconds after which undecided work is stuck (as they read it).
-        #[arg(long, env = "ADMISSION_STUCK_AFTER_SECS", default_value_t = service_kit::admission::STUCK_AFTER_SECS)]
-        admission_stuck_after_secs: u64,
+        #[command(flatten)]
+        admission: Admission,
         /// Exit 1 when anything needs an operator (the problems listed),
         /// for cron and probes; without it, status always exits 0.
         #[arg(long)]
         check: bool,
+    },
+    /// The operator's web page: what is stuck, where and since when, an
+    /// order's story, and the buttons that fix it (docs/console.md).
+    Console {
+        #[command(flatten)]
+        estate: Estate,
+        #[command(flatten)]
+        admission: Admission,
+        #[command(flatten)]
+        console: console_args::Settings,
     },
     /// Where something is in the system, and where it is stuck.
     Explain {
@@ -178,41 +182,6 @@ enum Explain {
     },
 }
 
-/// Work accepted and not yet decided, which admission bounds (docs/adr/0027).
-const WORK_IN_FLIGHT: &[ops::status::WorkInFlight] = &[ops::status::WorkInFlight {
-    service: "orders",
-    table: "orders",
-    in_flight: "status = 'pending'",
-    since: "created_at",
-}];
-
-/// Where an order has rows: (service, table), each keyed by `order_id`.
-const ORDER_TABLES: &[(&str, &str)] = &[
-    ("orders", "orders"),
-    ("inventory", "reservations"),
-    ("payments", "payments"),
-    ("projection", "order_views"),
-];
-
-/// An order's requests to the payment provider: each payment by its charge
-/// key, each refund by its own (docs/adr/0011).
-const ORDER_PROVIDER_ITEMS: &[ops::explain::ProviderItems<'static>] = &[
-    ops::explain::ProviderItems {
-        service: "payments",
-        sql: "SELECT payment_id, status FROM payments WHERE tenant_id = $1 AND order_id = $2",
-        path: "charges",
-        key: contracts::provider::charge_key,
-    },
-    ops::explain::ProviderItems {
-        service: "payments",
-        sql: "SELECT r.refund_id, r.status FROM refunds r JOIN payments p
-              ON p.tenant_id = r.tenant_id AND p.payment_id = r.payment_id
-              WHERE p.tenant_id = $1 AND p.order_id = $2",
-        path: "refunds",
-        key: contracts::provider::refund_key,
-    },
-];
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -278,22 +247,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Status {
             estate,
-            admission_max_in_flight,
-            admission_tenant_max_in_flight,
-            admission_stuck_after_secs,
+            admission,
             check,
         } => {
-            let limits = service_kit::admission::AdmissionLimits {
-                stuck_after: std::time::Duration::from_secs(admission_stuck_after_secs),
-                ..service_kit::admission::AdmissionLimits::parse(
-                    admission_max_in_flight,
-                    &admission_tenant_max_in_flight,
-                    std::time::Duration::ZERO,
-                )?
-            };
+            let limits = admission.limits()?;
             let estate = estate.open().await?;
             let mut status = ops::status::status(&estate).await;
-            ops::status::admission(&estate, WORK_IN_FLIGHT, &limits, &mut status).await;
+            ops::status::admission(&estate, ops::commerce::WORK_IN_FLIGHT, &limits, &mut status)
+                .await;
             render::status(json, &status)?;
             if check && !status.problems.is_empty() {
                 eprintln!("{} problem(s)", status.problems.len());
@@ -315,12 +276,26 @@ async fn main() -> anyhow::Result<()> {
                 TenantId::new(tenant)?,
                 "order_id",
                 id,
-                ORDER_TABLES,
+                ops::commerce::ORDER_TABLES,
             )
             .await?;
-            ops::explain::provider_view(&estate, &psp_url, ORDER_PROVIDER_ITEMS, &mut explanation)
-                .await?;
+            ops::explain::provider_view(
+                &estate,
+                &psp_url,
+                ops::commerce::ORDER_PROVIDER_ITEMS,
+                &mut explanation,
+            )
+            .await?;
             render::explanation(json, &explanation)?;
+        }
+        Command::Console {
+            estate,
+            admission,
+            console,
+        } => {
+            console
+                .serve(estate.open().await?, admission.limits()?)
+                .await?
         }
         Command::Outbox { db, command } => outbox::outbox(&db.pool().await?, command, json).await?,
         Command::Offsets { db, command } => {

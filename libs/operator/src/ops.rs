@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use contracts::topology::Subscription;
 
+pub mod commerce;
 pub mod explain;
 mod management;
 pub mod outbox;
@@ -40,7 +41,8 @@ impl Estate {
         self.database(service)
     }
 
-    fn database(&self, service: &str) -> Option<&PgPool> {
+    /// The database of `service`, as the owner role.
+    pub fn database(&self, service: &str) -> Option<&PgPool> {
         self.databases
             .iter()
             .find(|(name, _)| name == service)

@@ -1,0 +1,89 @@
+//! `reliability console`: the operator's web page over what `status` and
+//! `explain` read (the services' databases, the broker and its management
+//! API), with the buttons that act on it.
+//!
+//! Server-rendered HTML (askama templates under `templates/`), no script:
+//! every page reads and every action works without JavaScript. Tenants'
+//! data is for the operator only, so it binds to loopback by default and
+//! refuses any other address without a token ([`check_bind`]). Every action
+//! is a POST behind the token and a CSRF token ([`auth`]), and answers
+//! plainly when there is nothing left to do, so a double click or a second
+//! operator does nothing twice. Read-only mode draws no buttons and
+//! refuses every POST.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::middleware;
+use axum::routing::{get, post};
+use service_kit::admission::AdmissionLimits;
+
+use crate::ops;
+
+pub mod auth;
+mod pages;
+
+pub use auth::Auth;
+
+/// The port it listens on unless told (`CONSOLE_PORT`): beside the
+/// services' 8081-8085 and the provider's 8090.
+pub const DEFAULT_PORT: u16 = 8089;
+
+/// What the console reads and how it may act.
+pub struct Console {
+    pub estate: ops::Estate,
+    pub auth: Auth,
+    /// No action buttons, and every POST refused.
+    pub read_only: bool,
+    /// The payment provider, asked for its record of an order's payments.
+    pub psp_url: String,
+    /// The services' admission settings, as `status` reads them.
+    pub limits: AdmissionLimits,
+}
+
+/// The console's routes: every one behind [`auth::require`] but the login.
+pub fn router(console: Console) -> Router {
+    let console = Arc::new(console);
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/orders", get(pages::order))
+        .route("/outbox/{service}/redrive", post(pages::redrive_outbox))
+        .route_layer(middleware::from_fn_with_state(
+            console.clone(),
+            auth::require,
+        ))
+        .route("/login", get(auth::login_form).post(auth::login))
+        .with_state(console)
+}
+
+/// Refuses to serve tenants' data off loopback to whoever asks.
+pub fn check_bind(addr: &SocketAddr, auth: &Auth) -> Result<(), String> {
+    if addr.ip().is_loopback() || auth.required() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the console would show every tenant's orders on {addr} to anyone: \
+             set CONSOLE_TOKEN (or CONSOLE_TOKEN_FILE), or bind to 127.0.0.1"
+        ))
+    }
+}
+
+/// Serves until the process is stopped.
+pub async fn serve(listener: tokio::net::TcpListener, console: Console) -> std::io::Result<()> {
+    axum::serve(listener, router(console)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_loopback_it_starts_only_with_a_token() {
+        let lan: SocketAddr = "0.0.0.0:8089".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:8089".parse().unwrap();
+        assert!(check_bind(&lan, &Auth::none()).is_err());
+        assert!(check_bind(&lan, &Auth::token("t")).is_ok());
+        assert!(check_bind(&local, &Auth::none()).is_ok());
+    }
+}

@@ -1,0 +1,293 @@
+//! `reliability console` over HTTP, against a real PostgreSQL: the token
+//! and the CSRF token in front of every action, read-only mode, an action
+//! that does nothing twice, and an order's story (issue 45).
+
+use operator::console::{self, Auth, Console};
+use operator::ops;
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use testkit::TestDb;
+
+const TOKEN: &str = "operator-token-for-tests";
+
+/// One dead-lettered outbox row of tenant 1's order 42, and that order's
+/// row: what a console over "orders" has to show.
+async fn estate() -> (TestDb, ops::Estate) {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE orders (tenant_id bigint, order_id bigint, status text);
+         INSERT INTO orders VALUES (1, 42, 'pending');
+         INSERT INTO outbox_messages_dlq (id, tenant_id, aggregate_type, aggregate_id, event_type,
+                                          event_version, payload, headers, occurred_at, attempts, last_error)
+         VALUES (900, 1, 'order', '42', 'OrderPlaced', 1, '{\"order_id\": 42}', '{}', now(), 10,
+                 'no queue took it')",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let estate = ops::Estate {
+        databases: vec![("orders".into(), db.owner.clone())],
+        broker: None,
+        queue_prefix: String::new(),
+        exchange: "commerce.events".into(),
+        subscriptions: &[],
+        ordered_partitions: String::new(),
+        management_url: None,
+    };
+    (db, estate)
+}
+
+async fn spawn(estate: ops::Estate, auth: Auth, read_only: bool) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let console = Console {
+        estate,
+        auth,
+        read_only,
+        // Nothing listens there: the order page says so and goes on.
+        psp_url: "http://127.0.0.1:9".into(),
+        limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
+            .unwrap(),
+    };
+    tokio::spawn(console::serve(listener, console));
+    url
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// A form's body, as a browser encodes it (reqwest's `form` is a
+/// feature the workspace does not build).
+fn form<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> String {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k.as_ref()), enc(v.as_ref())))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+async fn dlq_rows(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_messages_dlq")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap()
+}
+
+/// The CSRF token the overview's re-drive form carries.
+fn csrf_in(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
+    page[at..at + 64].to_owned()
+}
+
+#[tokio::test]
+async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_once() {
+    let (db, estate) = estate().await;
+    let url = spawn(estate, Auth::token(TOKEN), false).await;
+    let http = client();
+
+    let anonymous = http.get(&url).send().await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    assert!(anonymous.text().await.unwrap().contains("Operator token"));
+    let redrive = format!("{url}/outbox/orders/redrive");
+    let anonymous_post = http
+        .post(&redrive)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous_post.status(), StatusCode::UNAUTHORIZED);
+    let wrong = http
+        .post(format!("{url}/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", "guess")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+
+    // A browser: the token once, then its session cookie.
+    let login = http
+        .post(format!("{url}/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("token", TOKEN)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::SEE_OTHER);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let overview = http
+        .get(&url)
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(overview.status(), StatusCode::OK);
+    let page = overview.text().await.unwrap();
+    assert!(page.contains("Re-drive 1"), "{page}");
+
+    // A page elsewhere that posts with the operator's cookie has no CSRF token.
+    for forged in [vec![], vec![("csrf", "00".repeat(32))]] {
+        let answer = http
+            .post(&redrive)
+            .header("cookie", &session)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form(&forged))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::FORBIDDEN);
+    }
+    assert_eq!(dlq_rows(&db).await, 1, "a forged POST re-drove nothing");
+
+    let csrf = csrf_in(&page);
+    let first = http
+        .post(&redrive)
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::SEE_OTHER);
+    assert_eq!(dlq_rows(&db).await, 0);
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE id = 900")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1, "the row is in the outbox again, under its id");
+    let said = http
+        .get(format!(
+            "{url}{}",
+            first.headers()["location"].to_str().unwrap()
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(said.contains("1 row(s) of orders"), "{said}");
+
+    // The double click, or a second operator: said, and nothing done.
+    let second = http
+        .post(&redrive)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::CONFLICT);
+    assert!(second.text().await.unwrap().contains("re-driven already"));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn read_only_draws_no_button_and_refuses_every_post() {
+    let (db, estate) = estate().await;
+    let url = spawn(estate, Auth::token(TOKEN), true).await;
+    let http = client();
+    let page = http
+        .get(&url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("outbox"), "{page}");
+    assert!(
+        !page.contains("<form method=\"post\""),
+        "no action in read-only mode: {page}"
+    );
+    let csrf = Auth::token(TOKEN).csrf();
+    let answer = http
+        .post(format!("{url}/outbox/orders/redrive"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::FORBIDDEN);
+    assert_eq!(dlq_rows(&db).await, 1);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_order_page_tells_its_story_and_an_unknown_order_says_so() {
+    let (db, estate) = estate().await;
+    let url = spawn(estate, Auth::none(), false).await;
+    let http = client();
+    let story = http
+        .get(format!("{url}/orders?tenant=1&id=42"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(story.status(), StatusCode::OK);
+    let page = story.text().await.unwrap();
+    assert!(page.contains("Order 42 of tenant 1"), "{page}");
+    assert!(
+        page.contains("&#34;status&#34;: &#34;pending&#34;"),
+        "{page}"
+    );
+    assert!(
+        page.contains("OrderPlaced") && page.contains("outbox_dlq"),
+        "its dead-lettered event: {page}"
+    );
+
+    let unknown = http
+        .get(format!("{url}/orders?tenant=1&id=43"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    assert!(
+        unknown
+            .text()
+            .await
+            .unwrap()
+            .contains("tenant 1 has no order 43")
+    );
+    // Another tenant's order is not this tenant's.
+    let other = http
+        .get(format!("{url}/orders?tenant=2&id=42"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+    for bad in ["tenant=x&id=42", "tenant=0&id=42", "tenant=1"] {
+        let answer = http
+            .get(format!("{url}/orders?{bad}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    db.cleanup().await;
+}
