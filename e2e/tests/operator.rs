@@ -175,6 +175,7 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         table: "orders",
         in_flight: "status = 'pending'",
         since: "created_at",
+        key: "order_id",
     }];
     let mut s = status::status(&estate).await;
     status::admission(&estate, &work, &limits, &mut s).await;

@@ -23,6 +23,8 @@ use crate::ops;
 
 pub mod auth;
 mod pages;
+mod parked;
+mod stuck;
 
 pub use auth::Auth;
 
@@ -49,6 +51,10 @@ pub fn router(console: Console) -> Router {
         .route("/", get(pages::overview))
         .route("/orders", get(pages::order))
         .route("/outbox/{service}/redrive", post(pages::redrive_outbox))
+        .route("/parked", get(parked::list))
+        .route("/stuck", get(stuck::list))
+        .route("/parked/unpark", post(parked::unpark))
+        .route("/parked/skip", get(parked::ask_skip).post(parked::skip))
         .route_layer(middleware::from_fn_with_state(
             console.clone(),
             auth::require,

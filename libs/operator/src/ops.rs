@@ -12,6 +12,7 @@ pub mod explain;
 mod management;
 pub mod outbox;
 pub mod status;
+pub mod stuck;
 
 /// Where the views look.
 pub struct Estate {

@@ -15,8 +15,10 @@ const TOKEN: &str = "operator-token-for-tests";
 async fn estate() -> (TestDb, ops::Estate) {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "CREATE TABLE orders (tenant_id bigint, order_id bigint, status text);
-         INSERT INTO orders VALUES (1, 42, 'pending');
+        "CREATE TABLE orders (tenant_id bigint, order_id bigint, status text, created_at timestamptz);
+         INSERT INTO orders VALUES (1, 42, 'pending', now() - interval '1 hour'),
+                                   (1, 43, 'confirmed', now() - interval '1 hour'),
+                                   (2, 44, 'pending', now());
          INSERT INTO outbox_messages_dlq (id, tenant_id, aggregate_type, aggregate_id, event_type,
                                           event_version, payload, headers, occurred_at, attempts, last_error)
          VALUES (900, 1, 'order', '42', 'OrderPlaced', 1, '{\"order_id\": 42}', '{}', now(), 10,
@@ -262,7 +264,7 @@ async fn an_order_page_tells_its_story_and_an_unknown_order_says_so() {
     );
 
     let unknown = http
-        .get(format!("{url}/orders?tenant=1&id=43"))
+        .get(format!("{url}/orders?tenant=1&id=45"))
         .send()
         .await
         .unwrap();
@@ -272,7 +274,7 @@ async fn an_order_page_tells_its_story_and_an_unknown_order_says_so() {
             .text()
             .await
             .unwrap()
-            .contains("tenant 1 has no order 43")
+            .contains("tenant 1 has no order 45")
     );
     // Another tenant's order is not this tenant's.
     let other = http
@@ -289,5 +291,136 @@ async fn an_order_page_tells_its_story_and_an_unknown_order_says_so() {
             .unwrap();
         assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
+    db.cleanup().await;
+}
+
+async fn release_requested(db: &TestDb) -> bool {
+    sqlx::query_scalar("SELECT release_requested_at IS NOT NULL FROM parked_aggregates")
+        .fetch_one(&db.owner)
+        .await
+        .unwrap()
+}
+
+/// A parked aggregate: the page shows why and its first event; a skip
+/// asks first and drops only the event it showed, once; an unpark is
+/// asked once and a second click says it is under way.
+#[tokio::test]
+async fn a_parked_aggregate_is_skipped_only_as_shown_and_unparked_once() {
+    let (db, estate) = estate().await;
+    sqlx::raw_sql(
+        "INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
+         VALUES (1, 'projection.history', 'orders', 'order', '42', 'handler: no such status');
+         INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
+                                    message_id, aggregate_seq, event_type, envelope)
+         VALUES (1, 'projection.history', 'orders', 'order', '42', 900, 3, 'OrderConfirmed', '{}'),
+                (1, 'projection.history', 'orders', 'order', '42', 901, 4, 'OrderShipped', '{}')",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let url = spawn(estate, Auth::token(TOKEN), false).await;
+    let http = client();
+    let get = |path: String| {
+        let http = http.clone();
+        async move {
+            let answer = http.get(path).bearer_auth(TOKEN).send().await.unwrap();
+            (answer.status(), answer.text().await.unwrap())
+        }
+    };
+    let post = |path: &str, fields: Vec<(&'static str, String)>| {
+        let (http, path) = (http.clone(), format!("{url}{path}"));
+        async move {
+            let answer = http
+                .post(path)
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(form(&fields))
+                .send()
+                .await
+                .unwrap();
+            (answer.status(), answer.text().await.unwrap())
+        }
+    };
+    let (status, page) = get(format!("{url}/parked")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("handler: no such status")
+            && page.contains("OrderConfirmed (number 3, message 900)"),
+        "{page}"
+    );
+    let csrf = csrf_in(&page);
+    // The aggregate's fields and this console's CSRF token; `extra`
+    // overrides or adds.
+    let aggregate = |extra: &[(&'static str, &str)]| {
+        let base = [
+            ("service", "orders"),
+            ("consumer", "projection.history"),
+            ("tenant", "1"),
+            ("aggregate_type", "order"),
+            ("aggregate_id", "42"),
+            ("csrf", csrf.as_str()),
+        ];
+        base.iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .chain(extra)
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .collect::<Vec<_>>()
+    };
+
+    let (status, ask) = get(format!(
+        "{url}/parked/skip?service=orders&consumer=projection.history&tenant=1&aggregate_type=order&aggregate_id=42"
+    ))
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(ask.contains("Drop message 900 for good"), "{ask}");
+    let (status, _) = post("/parked/skip", aggregate(&[("message_id", "900")])).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (status, again) = post("/parked/skip", aggregate(&[("message_id", "900")])).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        again.contains("no longer the first parked event"),
+        "{again}"
+    );
+    let left: Vec<i64> = sqlx::query_scalar("SELECT message_id FROM parked_events")
+        .fetch_all(&db.owner)
+        .await
+        .unwrap();
+    assert_eq!(left, [901], "only the event shown was dropped");
+
+    let (status, _) = post("/parked/unpark", aggregate(&[("csrf", "")])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        !release_requested(&db).await,
+        "a forged unpark asks nothing"
+    );
+    let (status, _) = post("/parked/unpark", aggregate(&[])).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(release_requested(&db).await);
+    let (status, again) = post("/parked/unpark", aggregate(&[])).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(again.contains("under way"), "{again}");
+    db.cleanup().await;
+}
+
+/// Pending past `stuck_after`: order 42 (an hour), not 43 (decided) nor 44
+/// (pending a moment).
+#[tokio::test]
+async fn the_stuck_page_lists_orders_pending_past_the_bound_with_their_story() {
+    let (db, estate) = estate().await;
+    let url = spawn(estate, Auth::none(), true).await;
+    let page = client()
+        .get(format!("{url}/stuck"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("href=\"/orders?tenant=1&amp;id=42\""),
+        "{page}"
+    );
+    assert!(!page.contains("id=43") && !page.contains("id=44"), "{page}");
+    assert!(page.contains("60 min"), "{page}");
     db.cleanup().await;
 }

@@ -15,7 +15,7 @@ use super::Console;
 use crate::ops::{self, commerce};
 
 /// A template rendered, or a 500 that says which.
-fn html(page: &impl Template) -> Response {
+pub(super) fn html(page: &impl Template) -> Response {
     match page.render() {
         Ok(body) => Html(body).into_response(),
         Err(e) => refused(
@@ -52,7 +52,7 @@ pub fn login_page(error: Option<&str>) -> Response {
     })
 }
 
-fn or_dash<T: Display>(value: Option<T>) -> String {
+pub(super) fn or_dash<T: Display>(value: Option<T>) -> String {
     value.map_or_else(|| "—".to_owned(), |v| v.to_string())
 }
 
@@ -88,7 +88,7 @@ struct Overview {
 
 #[derive(Deserialize)]
 pub struct Said {
-    said: Option<String>,
+    pub said: Option<String>,
 }
 
 /// What needs an operator, then each service's outbox and each consumer.
@@ -242,10 +242,22 @@ pub async fn order(State(console): State<Arc<Console>>, Query(q): Query<OrderQue
     })
 }
 
+/// What every action's form carries.
 #[derive(Deserialize)]
 pub struct Action {
     #[serde(default)]
-    csrf: String,
+    pub csrf: String,
+}
+
+/// The CSRF check every action makes first: `None` when the form came
+/// from this console, else the refusal to send back.
+pub(super) fn forged(console: &Console, csrf: &str) -> Option<Response> {
+    (!console.auth.csrf_ok(csrf)).then(|| {
+        refused(
+            StatusCode::FORBIDDEN,
+            "this form did not come from this console",
+        )
+    })
 }
 
 /// Publishes a service's outbox DLQ table rows again. Nothing there (a
@@ -271,11 +283,16 @@ pub async fn redrive_outbox(
         ),
         Ok(n) => {
             let said = format!("{n} row(s) of {service}'s outbox DLQ are pending again");
-            let to = format!("/?said={}", urlencode(&said));
-            Redirect::to(&to).into_response()
+            done("/", &said)
         }
         Err(e) => refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")),
     }
+}
+
+/// Post/redirect/get: back to `page`, which says what was done; a reload
+/// does not act again.
+pub(super) fn done(page: &str, said: &str) -> Response {
+    Redirect::to(&format!("{page}?said={}", urlencode(said))).into_response()
 }
 
 fn urlencode(s: &str) -> String {

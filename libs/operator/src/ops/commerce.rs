@@ -11,6 +11,7 @@ pub const WORK_IN_FLIGHT: &[WorkInFlight] = &[WorkInFlight {
     table: "orders",
     in_flight: "status = 'pending'",
     since: "created_at",
+    key: "order_id",
 }];
 
 /// Where an order has rows: (service, table), each keyed by `order_id`.

@@ -49,16 +49,7 @@ pub struct ConnectionsLine {
     pub server_max: i64,
 }
 
-/// Where a service keeps work it has accepted and not yet decided: the
-/// table, the condition of a row undecided, and the column of its time of
-/// acceptance (an index serves both): undecided past the admission's
-/// `stuck_after`, it is stuck, not in flight.
-pub struct WorkInFlight {
-    pub service: &'static str,
-    pub table: &'static str,
-    pub in_flight: &'static str,
-    pub since: &'static str,
-}
+pub use super::stuck::WorkInFlight;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct AdmissionLine {
