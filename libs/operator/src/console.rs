@@ -22,6 +22,7 @@ use service_kit::admission::AdmissionLimits;
 use crate::ops;
 
 pub mod auth;
+mod letters;
 mod pages;
 mod parked;
 mod stuck;
@@ -51,6 +52,8 @@ pub fn router(console: Console) -> Router {
         .route("/", get(pages::overview))
         .route("/orders", get(pages::order))
         .route("/outbox/{service}/redrive", post(pages::redrive_outbox))
+        .route("/dead-letters", get(letters::list))
+        .route("/dead-letters/redrive", post(letters::redrive))
         .route("/parked", get(parked::list))
         .route("/stuck", get(stuck::list))
         .route("/parked/unpark", post(parked::unpark))

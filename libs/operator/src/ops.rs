@@ -8,8 +8,10 @@ use sqlx::PgPool;
 use contracts::topology::Subscription;
 
 pub mod commerce;
+pub mod dead_letters;
 pub mod explain;
 mod management;
+pub mod offsets;
 pub mod outbox;
 pub mod status;
 pub mod stuck;
@@ -37,7 +39,7 @@ pub struct Estate {
 impl Estate {
     /// The database of the service that owns `consumer` (`inventory.stock`
     /// lives in `inventory`).
-    fn consumer_db(&self, consumer: &str) -> Option<&PgPool> {
+    pub fn consumer_db(&self, consumer: &str) -> Option<&PgPool> {
         let service = consumer.split('.').next()?;
         self.database(service)
     }
@@ -50,7 +52,8 @@ impl Estate {
             .map(|(_, pool)| pool)
     }
 
-    fn queue(&self, consumer: &str) -> String {
+    /// The queue `consumer` consumes, with the services' prefix.
+    pub fn queue(&self, consumer: &str) -> String {
         format!("{}{consumer}", self.queue_prefix)
     }
 }

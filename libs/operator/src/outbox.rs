@@ -3,7 +3,7 @@
 
 use clap::Subcommand;
 use operator::ops::outbox;
-use reliability::{TenantId, consumer, maintenance};
+use reliability::{TenantId, maintenance};
 use service_kit::idempotency;
 use sqlx::PgPool;
 
@@ -151,9 +151,10 @@ pub async fn outbox(pool: &PgPool, command: OutboxCommand, json: bool) -> anyhow
 
 pub async fn offsets(pool: &PgPool, command: OffsetsCommand, json: bool) -> anyhow::Result<()> {
     match command {
-        OffsetsCommand::List { consumer } => {
-            print(json, &consumer::offsets(pool, consumer.as_deref()).await?)
-        }
+        OffsetsCommand::List { consumer } => print(
+            json,
+            &operator::ops::offsets::offsets(pool, consumer.as_deref()).await?,
+        ),
         OffsetsCommand::Reset {
             consumer,
             forget_processed,
@@ -172,7 +173,9 @@ pub async fn offsets(pool: &PgPool, command: OffsetsCommand, json: bool) -> anyh
             );
             let changed = match confirm.proceed(&action)? {
                 true => {
-                    let (a, b) = consumer::reset_offsets(pool, &consumer, forget_processed).await?;
+                    let (a, b) =
+                        operator::ops::offsets::reset_offsets(pool, &consumer, forget_processed)
+                            .await?;
                     a + b
                 }
                 false => 0,

@@ -102,6 +102,7 @@ pub async fn run(
                 let filter = broker::DeadLetterFilter {
                     message_id,
                     event_type,
+                    message_ids: None,
                 };
                 let present = depth(conn, &dlq).await?.unwrap_or(0) as usize;
                 // Only a filter needs the messages read to count them (each

@@ -34,17 +34,17 @@ use crate::outbox::Envelope;
 use crate::{Error, Result, TenantId, TenantTx};
 
 mod apply;
+mod causes;
 mod delivery;
 mod kinds;
-mod offsets;
 mod ordered;
 mod park;
 mod replay;
 mod settle;
 mod tries;
 
+pub use causes::error_class;
 pub use kinds::{Apply, Pg, Sink};
-pub use offsets::{OffsetRow, offsets, reset_offsets};
 pub use park::{ParkedAggregate, ParkedEvent, first_parked, parked, skip, unpark};
 pub use replay::Replayed;
 pub use tries::CRASH_TRIES;

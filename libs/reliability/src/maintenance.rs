@@ -254,21 +254,34 @@ pub async fn delete_expired_idempotency_keys(owner: &PgPool, batch: i64) -> Resu
     .await
 }
 
-/// Deletes consumer dedup records older than `older_than`.
+/// Deletes consumer dedup records older than `older_than`, and the causes
+/// of dead letters recorded as long ago: a letter left in its DLQ that
+/// long shows its cause as not recorded.
 pub async fn forget_processed_messages(
     owner: &PgPool,
     older_than: Duration,
     batch: i64,
 ) -> Result<u64> {
-    delete_in_batches(
+    let age = Some(older_than.as_secs_f64());
+    let records = delete_in_batches(
         owner,
         "DELETE FROM processed_messages WHERE ctid IN (
              SELECT ctid FROM processed_messages
              WHERE processed_at < now() - make_interval(secs => $2) LIMIT $1 FOR UPDATE SKIP LOCKED)",
-        Some(older_than.as_secs_f64()),
+        age,
         batch,
     )
-    .await
+    .await?;
+    delete_in_batches(
+        owner,
+        "DELETE FROM dead_letter_causes WHERE ctid IN (
+             SELECT ctid FROM dead_letter_causes
+             WHERE dead_lettered_at < now() - make_interval(secs => $2) LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        age,
+        batch,
+    )
+    .await?;
+    Ok(records)
 }
 
 async fn delete_in_batches(

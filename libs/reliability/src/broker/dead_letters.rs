@@ -206,12 +206,14 @@ async fn until_back(connection: &Connection, dlq: &str, ready: u32) -> Result<()
     }
 }
 
-/// Which dead letters a re-drive moves: all, one (by message id), or a
-/// group (by event type); each given field must match.
+/// Which dead letters a re-drive moves: all, one (by message id), a set
+/// (by message ids: a group of one cause), or an event type; each given
+/// field must match.
 #[derive(Debug, Clone, Default)]
 pub struct DeadLetterFilter {
     pub message_id: Option<String>,
     pub event_type: Option<String>,
+    pub message_ids: Option<Vec<String>>,
 }
 
 impl DeadLetterFilter {
@@ -219,7 +221,15 @@ impl DeadLetterFilter {
         let field = |want: &Option<String>, have: &Option<String>| {
             want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
         };
-        field(&self.message_id, &letter.message_id) && field(&self.event_type, &letter.event_type)
+        let among = self.message_ids.as_ref().is_none_or(|ids| {
+            letter
+                .message_id
+                .as_ref()
+                .is_some_and(|id| ids.contains(id))
+        });
+        field(&self.message_id, &letter.message_id)
+            && field(&self.event_type, &letter.event_type)
+            && among
     }
 }
 

@@ -77,6 +77,15 @@ pub trait Apply: Send + Sync + Sized + 'static {
     /// `event` is settled: its tries are forgotten.
     #[doc(hidden)]
     fn forget_tries(c: &Consumer<Self>, event: &Envelope) -> impl Future<Output = ()> + Send;
+    /// `event` is about to be dead-lettered for `error`: why is kept
+    /// (causes.rs).
+    #[doc(hidden)]
+    fn record_cause(
+        c: &Consumer<Self>,
+        event: &Envelope,
+        reason: &str,
+        error: &HandlerError,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 impl<H: Handler> Apply for Pg<H> {
@@ -107,6 +116,9 @@ impl<H: Handler> Apply for Pg<H> {
     }
     async fn forget_tries(c: &Consumer<Self>, event: &Envelope) {
         c.forget_tries_pg(event).await;
+    }
+    async fn record_cause(c: &Consumer<Self>, event: &Envelope, reason: &str, e: &HandlerError) {
+        c.record_cause_pg(event, reason, e).await;
     }
 }
 
@@ -162,6 +174,8 @@ impl<S: Sink> Apply for S {
         Ok(0)
     }
     async fn forget_tries(_: &Consumer<Self>, _: &Envelope) {}
+    // A sink has no table here either: its letters show no recorded cause.
+    async fn record_cause(_: &Consumer<Self>, _: &Envelope, _: &str, _: &HandlerError) {}
 }
 
 impl<H: Handler> Consumer<Pg<H>> {

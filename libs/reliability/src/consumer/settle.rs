@@ -124,6 +124,7 @@ impl<A: Apply> Consumer<A> {
                 } else {
                     "handler_failed"
                 };
+                A::record_cause(self, &event, reason, &failure).await;
                 settled().await;
                 self.dead_letter(&delivery, reason).await?;
                 return Ok(true);

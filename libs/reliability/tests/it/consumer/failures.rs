@@ -66,6 +66,26 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
         broker.depth(&dlq).await == 2
     })
     .await;
+    // The handler's error is kept beside the letter, which carries only
+    // the broker's "rejected": the poison's cause; the malformed message
+    // has no tenant to keep one under.
+    let name = consumer.config().name.clone();
+    let kept: Vec<(i64, String, String, String)> = sqlx::query_as(
+        "SELECT message_id, reason, error_class, error FROM dead_letter_causes
+         WHERE consumer = $1 ORDER BY message_id",
+    )
+    .bind(&name)
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    let expected = (1, "handler_failed", "transient", "transient: poison pill");
+    let expected = (
+        expected.0,
+        expected.1.into(),
+        expected.2.into(),
+        expected.3.into(),
+    );
+    assert_eq!(kept, [expected]);
 
     // The operator fixes the handler and re-drives: the poison applies once,
     // the malformed message fails again and returns to the DLQ.
@@ -88,7 +108,6 @@ async fn a_poison_message_is_dead_lettered_while_the_rest_flows_and_replays_once
     })
     .await;
     // The per-queue view: its lag (nothing waiting), its DLQ, its last apply.
-    let name = consumer.config().name.clone();
     wait_until(DEADLINE, "the queue gauges see the DLQ", || async {
         let text = metrics.render();
         text.contains(&format!(r#"consumer_dlq_depth{{consumer="{name}"}} 1"#))

@@ -1,8 +1,10 @@
-//! Operators' view of a consumer's progress (`reliability offsets`).
+//! Operators' view of a consumer's progress (`reliability offsets`), and
+//! its reset: the owner role's reads and deletes of the library's
+//! `consumer_offsets`.
 
 use sqlx::PgPool;
 
-use crate::Result;
+use reliability::Result;
 
 /// A consumer's progress per source partition (operators' view).
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
