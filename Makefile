@@ -39,7 +39,7 @@ test: test-clean ## run every test against the real PostgreSQL, RabbitMQ and Fal
 # amended; the whole workspace named, so the build is make test's): the library's, which own every AMQP call (queues and their
 # delivery limits, returns, confirms, dead letters, partitions, the
 # operator's queue tools and status, less what reads the management API: the chroot has none). The services reach the broker only through it.
-RABBITMQ4_TESTS ?= (package(reliability) & test(/^(consumer|relay|ordered|topology|frozen)::/)) | (package(operator) & !test(/binding/))
+RABBITMQ4_TESTS ?= (package(reliability) & test(/^(consumer|relay|ordered|topology|frozen)::/)) | (package(operator) & !test(/binding/) & !binary(console_browser))
 
 test-rabbitmq4: ## the library's broker tests again on RabbitMQ 4.0 (Debian 13's package, in a chroot on 127.0.0.1:5682; scripts/rabbitmq4.sh, root): quorum queues' default delivery limit and return counting
 	@url=$$(scripts/rabbitmq4.sh start) && AMQP_URL=$$url cargo nextest run --workspace --all-targets --all-features --locked -E '$(RABBITMQ4_TESTS)'; \

@@ -1,0 +1,161 @@
+//! The console in a real browser: Playwright (`playwright-core` from npm,
+//! `tests/browser/`) drives Debian's chromium, headless, against a console
+//! over a real PostgreSQL and RabbitMQ holding a dead-letter group, a
+//! parked aggregate and a stuck order (issue 45). Each step keeps a
+//! screenshot under `target/tmp/console-screenshots/`. Without chromium or
+//! the npm module (`scripts/browser.sh` installs both) it says so and
+//! passes, except where `CONSOLE_BROWSER_TESTS=required` (CI), where it
+//! fails.
+
+use std::path::Path;
+use std::process::Command;
+
+use contracts::topology::Subscription;
+use operator::console::{self, Auth, Console};
+use operator::ops;
+use reliability::broker::{self, QueueSpec};
+use testkit::{Broker, DEADLINE, TestDb, amqp_url, unique, wait_until};
+
+static SUBSCRIPTIONS: &[Subscription] = &[Subscription::new("shop.views", &["svc.A", "svc.B"])];
+const TOKEN: &str = "browser-test-token";
+
+/// What the browser needs, or why it cannot run.
+fn browser() -> Result<(), String> {
+    let modules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/node_modules/playwright-core");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !Path::new(&chromium).exists() {
+        return Err(format!("no chromium at {chromium}"));
+    }
+    if !modules.exists() {
+        return Err("no playwright-core in libs/operator/tests/browser/node_modules".into());
+    }
+    Command::new("node")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("no node: {e}"))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_order_in_chromium() {
+    if let Err(why) = browser() {
+        assert!(
+            std::env::var("CONSOLE_BROWSER_TESTS").as_deref() != Ok("required"),
+            "{why}: CI runs the browser tests (scripts/browser.sh installs what they need)"
+        );
+        eprintln!("skipped: {why} (scripts/browser.sh installs it)");
+        return;
+    }
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let prefix = unique("reltest.browser.");
+    let spec = QueueSpec::for_subscription(&SUBSCRIPTIONS[0], &broker.exchange, &prefix);
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    let dlq = broker
+        .dead_letters(
+            &spec.queue,
+            &[("svc:1", "A"), ("svc:2", "A"), ("svc:3", "B")],
+        )
+        .await;
+    sqlx::raw_sql(
+        "INSERT INTO dead_letter_causes (tenant_id, consumer, source, message_id, event_type, reason,
+                                         error_class, error)
+         VALUES (1, 'shop.views', 'svc', 1, 'A', 'handler_failed', 'permanent', 'permanent: no order 7'),
+                (2, 'shop.views', 'svc', 2, 'A', 'handler_failed', 'permanent', 'permanent: no order 9');
+         INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
+         VALUES (1, 'shop.views', 'orders', 'order', '42', 'handler: no such status');
+         INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
+                                    message_id, aggregate_seq, event_type, envelope)
+         VALUES (1, 'shop.views', 'orders', 'order', '42', 900, 3, 'OrderConfirmed', '{}'),
+                (1, 'shop.views', 'orders', 'order', '42', 901, 4, 'OrderShipped', '{}');",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let sources = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE orders (tenant_id bigint, order_id bigint, status text, created_at timestamptz);
+         INSERT INTO orders VALUES (1, 42, 'pending', now() - interval '1 hour');
+         CREATE TABLE payments (tenant_id bigint, payment_id bigint, order_id bigint, status text,
+                                attempts int);
+         INSERT INTO payments VALUES (1, 5, 42, 'pending', 2);
+         CREATE TABLE refunds (tenant_id bigint, refund_id bigint, payment_id bigint, status text);",
+    )
+    .execute(&sources.owner)
+    .await
+    .unwrap();
+    // One database plays the orders' and the payments'.
+    let databases = vec![
+        ("orders".to_owned(), sources.owner.clone()),
+        ("payments".to_owned(), sources.owner.clone()),
+        ("shop".to_owned(), db.owner.clone()),
+    ];
+    let estate = ops::Estate {
+        databases,
+        broker: Some(
+            broker::connect(&amqp_url(), "console-browser")
+                .await
+                .unwrap(),
+        ),
+        queue_prefix: prefix,
+        exchange: broker.exchange.clone(),
+        subscriptions: SUBSCRIPTIONS,
+        ordered_partitions: String::new(),
+        management_url: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let console = Console {
+        estate,
+        auth: Auth::token(TOKEN),
+        read_only: false,
+        psp_url: "http://127.0.0.1:9".into(),
+        limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
+            .unwrap(),
+    };
+    tokio::spawn(console::serve(listener, console));
+
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    // Bounded by coreutils' timeout: the run is a child of a blocking
+    // thread, and Playwright bounds each of its steps at 30 s.
+    let url_ = url.clone();
+    let shots_ = shots.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args(["120", "node", "console.mjs", &url_, TOKEN, &shots_])
+            .current_dir(dir)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser run failed (screenshots in {}):\n{said}",
+        shots.display()
+    );
+
+    // What the clicks did, in the stores themselves.
+    wait_until(
+        DEADLINE,
+        "the group on the queue, the other letter kept",
+        || async { broker.depth(&spec.queue).await == 2 && broker.depth(&dlq).await == 1 },
+    )
+    .await;
+    let left: Vec<(i64, bool)> = sqlx::query_as(
+        "SELECT e.message_id, a.release_requested_at IS NOT NULL
+         FROM parked_events e JOIN parked_aggregates a USING (tenant_id, consumer, source, aggregate_type, aggregate_id)",
+    )
+    .fetch_all(&db.owner)
+    .await
+    .unwrap();
+    assert_eq!(left, [(901, true)], "900 dropped, 901 to replay");
+    broker.cleanup(&[&spec.queue]).await;
+    db.cleanup().await;
+    sources.cleanup().await;
+}
