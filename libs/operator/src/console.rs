@@ -43,6 +43,9 @@ pub struct Console {
     pub psp_url: String,
     /// The services' admission settings, as `status` reads them.
     pub limits: AdmissionLimits,
+    /// The process roles whose `/readyz` the overview asks, on
+    /// 127.0.0.1 (`ops::roles::roster_probes`: `make up`'s).
+    pub roles: Vec<ops::roles::RoleProbe>,
 }
 
 /// The console's routes: every one behind [`auth::require`] but the login.

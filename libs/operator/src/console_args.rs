@@ -48,7 +48,9 @@ impl Settings {
             },
             if self.read_only { ", read-only" } else { "" }
         );
+        let services: Vec<String> = estate.databases.iter().map(|(s, _)| s.clone()).collect();
         let console = Console {
+            roles: ops::roles::roster_probes(&services),
             estate,
             auth,
             read_only: self.read_only,

@@ -13,6 +13,7 @@ pub mod explain;
 mod management;
 pub mod offsets;
 pub mod outbox;
+pub mod roles;
 pub mod status;
 pub mod stuck;
 

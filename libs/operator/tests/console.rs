@@ -40,6 +40,15 @@ async fn estate() -> (TestDb, ops::Estate) {
 }
 
 async fn spawn(estate: ops::Estate, auth: Auth, read_only: bool) -> String {
+    spawn_with_roles(estate, auth, read_only, Vec::new()).await
+}
+
+async fn spawn_with_roles(
+    estate: ops::Estate,
+    auth: Auth,
+    read_only: bool,
+    roles: Vec<ops::roles::RoleProbe>,
+) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let console = Console {
@@ -48,6 +57,7 @@ async fn spawn(estate: ops::Estate, auth: Auth, read_only: bool) -> String {
         read_only,
         // Nothing listens there: the order page says so and goes on.
         psp_url: "http://127.0.0.1:9".into(),
+        roles,
         limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
             .unwrap(),
     };
@@ -422,5 +432,65 @@ async fn the_stuck_page_lists_orders_pending_past_the_bound_with_their_story() {
     );
     assert!(!page.contains("id=43") && !page.contains("id=44"), "{page}");
     assert!(page.contains("60 min"), "{page}");
+    db.cleanup().await;
+}
+
+/// A role's ops port that answers `/readyz` with `status` and `body`.
+async fn ops_port(status: u16, body: &'static str) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let status = axum::http::StatusCode::from_u16(status).unwrap();
+    let app = axum::Router::new().route(
+        "/readyz",
+        axum::routing::get(move || async move { (status, body) }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// Each role's `/readyz`: ready, not ready with why, and down, the last
+/// two among what needs an operator.
+#[tokio::test]
+async fn the_overview_says_which_process_roles_are_ready_not_ready_or_down() {
+    let (db, estate) = estate().await;
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let probe = |role, port| ops::roles::RoleProbe {
+        service: "orders".into(),
+        role,
+        port,
+    };
+    let roles = vec![
+        probe("serve", ops_port(200, "ok").await),
+        probe(
+            "relay",
+            ops_port(503, "relay: the broker is unreachable").await,
+        ),
+        probe("consume", free),
+    ];
+    let url = spawn_with_roles(estate, Auth::none(), true, roles).await;
+    let page = client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let problems =
+        &page[page.find("id=\"problems\"").unwrap()..page.find("<h2>Process roles").unwrap()];
+    assert!(
+        problems.contains("orders relay") && problems.contains("the broker is unreachable"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("orders consume") && problems.contains("down"),
+        "{problems}"
+    );
+    assert!(!problems.contains("orders serve"), "{problems}");
+    assert!(page.contains("<td class=\"ok\">ready</td>"), "{page}");
     db.cleanup().await;
 }

@@ -111,6 +111,7 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
         auth: Auth::token(TOKEN),
         read_only: false,
         psp_url: "http://127.0.0.1:9".into(),
+        roles: Vec::new(),
         limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
             .unwrap(),
     };

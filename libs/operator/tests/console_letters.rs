@@ -52,6 +52,7 @@ async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driv
         auth,
         read_only: false,
         psp_url: "http://127.0.0.1:9".into(),
+        roles: Vec::new(),
         limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
             .unwrap(),
     };

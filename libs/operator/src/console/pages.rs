@@ -80,6 +80,7 @@ struct Overview {
     title: &'static str,
     said: Option<String>,
     problems: Vec<String>,
+    roles: Vec<ops::roles::RoleLine>,
     outbox: Vec<OutboxRow>,
     consumers: Vec<ConsumerRow>,
     csrf: String,
@@ -93,9 +94,19 @@ pub struct Said {
 
 /// What needs an operator, then each service's outbox and each consumer.
 pub async fn overview(State(console): State<Arc<Console>>, Query(q): Query<Said>) -> Response {
-    let mut status = ops::status::status(&console.estate).await;
+    let (mut status, roles) = tokio::join!(
+        ops::status::status(&console.estate),
+        ops::roles::probe("127.0.0.1", &console.roles)
+    );
     let work = commerce::WORK_IN_FLIGHT;
     ops::status::admission(&console.estate, work, &console.limits, &mut status).await;
+    for r in roles.iter().filter(|r| !r.ready) {
+        let problem = format!(
+            "{} {} (ops port {}): {}",
+            r.service, r.role, r.port, r.state
+        );
+        status.problems.insert(0, problem);
+    }
     let outbox = status
         .outbox
         .into_iter()
@@ -129,6 +140,7 @@ pub async fn overview(State(console): State<Arc<Console>>, Query(q): Query<Said>
         title: "Overview",
         said: q.said,
         problems: status.problems,
+        roles,
         outbox,
         consumers,
         csrf: console.auth.csrf(),

@@ -274,16 +274,9 @@ pub async fn launch(
     if spec.role.serves() || spec.role.relays() || spec.role.consumes() {
         // Every role is observable, on a port of its own that no API shares:
         // the metrics name tenants and count their traffic.
-        let offset = if spec.role.serves() {
-            3000
-        } else if spec.role.relays() {
-            1000
-        } else {
-            2000
-        };
         let wanted = common.ops_port.unwrap_or(match spec.port {
             0 => 0,
-            p => p.saturating_add(offset),
+            p => p.saturating_add(ops_offset(spec.role)),
         });
         let listener = bind_ops(common, wanted).await?;
         ops_port = local_port(&listener)?;
@@ -330,4 +323,14 @@ fn local_port(listener: &TcpListener) -> Result<u16> {
             source,
         })?
         .port())
+}
+
+/// Added to a service's port for a role's ops port unless `OPS_PORT` says:
+/// no two roles of a host share one, and the console finds each.
+pub fn ops_offset(role: Role) -> u16 {
+    match (role.serves(), role.relays()) {
+        (true, _) => 3000,
+        (_, true) => 1000,
+        _ => 2000,
+    }
 }
