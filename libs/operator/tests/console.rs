@@ -2,11 +2,13 @@
 //! and the CSRF token in front of every action, read-only mode, an action
 //! that does nothing twice, and an order's story (issue 45).
 
-use operator::console::{self, Auth, Console};
+use operator::console::Auth;
 use operator::ops;
 use reqwest::StatusCode;
-use reqwest::redirect::Policy;
+use support::{FormBody, client};
 use testkit::TestDb;
+
+mod support;
 
 const TOKEN: &str = "operator-token-for-tests";
 
@@ -40,56 +42,7 @@ async fn estate() -> (TestDb, ops::Estate) {
 }
 
 async fn spawn(estate: ops::Estate, auth: Auth, read_only: bool) -> String {
-    spawn_with_roles(estate, auth, read_only, Vec::new()).await
-}
-
-async fn spawn_with_roles(
-    estate: ops::Estate,
-    auth: Auth,
-    read_only: bool,
-    roles: Vec<ops::roles::RoleProbe>,
-) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let console = Console {
-        estate,
-        auth,
-        read_only,
-        // Nothing listens there: the order page says so and goes on.
-        psp_url: "http://127.0.0.1:9".into(),
-        roles,
-        limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
-            .unwrap(),
-    };
-    tokio::spawn(console::serve(listener, console));
-    url
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(Policy::none())
-        .build()
-        .unwrap()
-}
-
-/// A form's body, as a browser encodes it (reqwest's `form` is a
-/// feature the workspace does not build).
-fn form<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> String {
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k.as_ref()), enc(v.as_ref())))
-        .collect::<Vec<_>>()
-        .join("&")
+    support::serve(estate, auth, read_only, Vec::new()).await
 }
 
 async fn dlq_rows(db: &TestDb) -> i64 {
@@ -120,16 +73,14 @@ async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_
     let redrive = format!("{url}/outbox/orders/redrive");
     let anonymous_post = http
         .post(&redrive)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("csrf", "x")]))
+        .form(&[("csrf", "x")])
         .send()
         .await
         .unwrap();
     assert_eq!(anonymous_post.status(), StatusCode::UNAUTHORIZED);
     let wrong = http
         .post(format!("{url}/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("token", "guess")]))
+        .form(&[("token", "guess")])
         .send()
         .await
         .unwrap();
@@ -138,8 +89,7 @@ async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_
     // A browser: the token once, then its session cookie.
     let login = http
         .post(format!("{url}/login"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("token", TOKEN)]))
+        .form(&[("token", TOKEN)])
         .send()
         .await
         .unwrap();
@@ -165,8 +115,7 @@ async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_
         let answer = http
             .post(&redrive)
             .header("cookie", &session)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form(&forged))
+            .form(&forged)
             .send()
             .await
             .unwrap();
@@ -178,8 +127,7 @@ async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_
     let first = http
         .post(&redrive)
         .header("cookie", &session)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("csrf", &csrf)]))
+        .form(&[("csrf", &csrf)])
         .send()
         .await
         .unwrap();
@@ -208,8 +156,7 @@ async fn without_the_token_401_a_forged_post_does_nothing_and_a_redrive_happens_
     let second = http
         .post(&redrive)
         .bearer_auth(TOKEN)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("csrf", &csrf)]))
+        .form(&[("csrf", &csrf)])
         .send()
         .await
         .unwrap();
@@ -241,8 +188,7 @@ async fn read_only_draws_no_button_and_refuses_every_post() {
     let answer = http
         .post(format!("{url}/outbox/orders/redrive"))
         .bearer_auth(TOKEN)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("csrf", &csrf)]))
+        .form(&[("csrf", &csrf)])
         .send()
         .await
         .unwrap();
@@ -343,8 +289,7 @@ async fn a_parked_aggregate_is_skipped_only_as_shown_and_unparked_once() {
             let answer = http
                 .post(path)
                 .bearer_auth(TOKEN)
-                .header("content-type", "application/x-www-form-urlencoded")
-                .body(form(&fields))
+                .form(&fields)
                 .send()
                 .await
                 .unwrap();
@@ -471,7 +416,7 @@ async fn the_overview_says_which_process_roles_are_ready_not_ready_or_down() {
         ),
         probe("consume", free),
     ];
-    let url = spawn_with_roles(estate, Auth::none(), true, roles).await;
+    let url = support::serve(estate, Auth::none(), true, roles).await;
     let page = client()
         .get(&url)
         .send()

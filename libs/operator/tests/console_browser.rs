@@ -10,13 +10,11 @@
 use std::path::Path;
 use std::process::Command;
 
-use contracts::topology::Subscription;
-use operator::console::{self, Auth, Console};
-use operator::ops;
-use reliability::broker::{self, QueueSpec};
-use testkit::{Broker, DEADLINE, TestDb, amqp_url, unique, wait_until};
+use operator::console::Auth;
+use testkit::{DEADLINE, TestDb, wait_until};
 
-static SUBSCRIPTIONS: &[Subscription] = &[Subscription::new("shop.views", &["svc.A", "svc.B"])];
+mod support;
+
 const TOKEN: &str = "browser-test-token";
 
 /// What the browser needs, or why it cannot run.
@@ -48,22 +46,9 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
         return;
     }
     let db = TestDb::new().await;
-    let broker = Broker::new().await;
-    let prefix = unique("reltest.browser.");
-    let spec = QueueSpec::for_subscription(&SUBSCRIPTIONS[0], &broker.exchange, &prefix);
-    broker::declare_queue(&broker.channel, &spec).await.unwrap();
-    let dlq = broker
-        .dead_letters(
-            &spec.queue,
-            &[("svc:1", "A"), ("svc:2", "A"), ("svc:3", "B")],
-        )
-        .await;
+    let letters = support::letters(&db).await;
     sqlx::raw_sql(
-        "INSERT INTO dead_letter_causes (tenant_id, consumer, source, message_id, event_type, reason,
-                                         error_class, error)
-         VALUES (1, 'shop.views', 'svc', 1, 'A', 'handler_failed', 'permanent', 'permanent: no order 7'),
-                (2, 'shop.views', 'svc', 2, 'A', 'handler_failed', 'permanent', 'permanent: no order 9');
-         INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
+        "INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
          VALUES (1, 'shop.views', 'orders', 'order', '42', 'handler: no such status');
          INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
                                     message_id, aggregate_seq, event_type, envelope)
@@ -91,31 +76,8 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
         ("payments".to_owned(), sources.owner.clone()),
         ("shop".to_owned(), db.owner.clone()),
     ];
-    let estate = ops::Estate {
-        databases,
-        broker: Some(
-            broker::connect(&amqp_url(), "console-browser")
-                .await
-                .unwrap(),
-        ),
-        queue_prefix: prefix,
-        exchange: broker.exchange.clone(),
-        subscriptions: SUBSCRIPTIONS,
-        ordered_partitions: String::new(),
-        management_url: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let console = Console {
-        estate,
-        auth: Auth::token(TOKEN),
-        read_only: false,
-        psp_url: "http://127.0.0.1:9".into(),
-        roles: Vec::new(),
-        limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
-            .unwrap(),
-    };
-    tokio::spawn(console::serve(listener, console));
+    let estate = letters.estate(databases).await;
+    let url = support::serve(estate, Auth::token(TOKEN), false, Vec::new()).await;
 
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
@@ -145,7 +107,10 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
     wait_until(
         DEADLINE,
         "the group on the queue, the other letter kept",
-        || async { broker.depth(&spec.queue).await == 2 && broker.depth(&dlq).await == 1 },
+        || async {
+            letters.broker.depth(&letters.spec.queue).await == 2
+                && letters.broker.depth(&letters.dlq).await == 1
+        },
     )
     .await;
     let left: Vec<(i64, bool)> = sqlx::query_as(
@@ -156,7 +121,8 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
     .await
     .unwrap();
     assert_eq!(left, [(901, true)], "900 dropped, 901 to replay");
-    broker.cleanup(&[&spec.queue]).await;
+    let queue = letters.spec.queue.clone();
+    letters.broker.cleanup(&[&queue]).await;
     db.cleanup().await;
     sources.cleanup().await;
 }

@@ -2,65 +2,25 @@
 //! grouped by the handler's error their consumer recorded, a group
 //! re-driven once, the others kept (issue 45).
 
-use contracts::topology::Subscription;
-use operator::console::{self, Auth, Console};
-use operator::ops;
-use reliability::broker::{self, QueueSpec};
+use operator::console::Auth;
 use reqwest::StatusCode;
-use testkit::{Broker, DEADLINE, TestDb, amqp_url, unique, wait_until};
+use support::FormBody;
+use testkit::{DEADLINE, TestDb, wait_until};
 
-static SUBSCRIPTIONS: &[Subscription] = &[Subscription::new("shop.views", &["svc.A", "svc.B"])];
+mod support;
 
 #[tokio::test]
 async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driven_once() {
     let db = TestDb::new().await;
-    let broker = Broker::new().await;
-    let prefix = unique("reltest.console.");
-    let spec = QueueSpec::for_subscription(&SUBSCRIPTIONS[0], &broker.exchange, &prefix);
-    broker::declare_queue(&broker.channel, &spec).await.unwrap();
-    let dlq = broker
-        .dead_letters(
-            &spec.queue,
-            &[("svc:1", "A"), ("svc:2", "A"), ("svc:3", "B")],
-        )
+    let letters = support::letters(&db).await;
+    let (broker, queue, dlq) = (&letters.broker, &letters.spec.queue, &letters.dlq);
+    let estate = letters
+        .estate(vec![("shop".into(), db.owner.clone())])
         .await;
-    // Two letters of one cause (the numbers differ), one with none recorded.
-    sqlx::raw_sql(
-        "INSERT INTO dead_letter_causes (tenant_id, consumer, source, message_id, event_type, reason,
-                                         error_class, error)
-         VALUES (1, 'shop.views', 'svc', 1, 'A', 'handler_failed', 'permanent', 'permanent: no order 7'),
-                (2, 'shop.views', 'svc', 2, 'A', 'handler_failed', 'permanent', 'permanent: no order 9')",
-    )
-    .execute(&db.owner)
-    .await
-    .unwrap();
-    let estate = ops::Estate {
-        databases: vec![("shop".into(), db.owner.clone())],
-        broker: Some(broker::connect(&amqp_url(), "console-test").await.unwrap()),
-        queue_prefix: prefix,
-        exchange: broker.exchange.clone(),
-        subscriptions: SUBSCRIPTIONS,
-        ordered_partitions: String::new(),
-        management_url: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let auth = Auth::none();
     let csrf = auth.csrf();
-    let console = Console {
-        estate,
-        auth,
-        read_only: false,
-        psp_url: "http://127.0.0.1:9".into(),
-        roles: Vec::new(),
-        limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
-            .unwrap(),
-    };
-    tokio::spawn(console::serve(listener, console));
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let url = support::serve(estate, auth, false, Vec::new()).await;
+    let http = support::client();
 
     let page = http
         .get(format!("{url}/dead-letters"))
@@ -78,16 +38,17 @@ async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driv
         "{page}"
     );
     wait_until(DEADLINE, "peeked letters back in the DLQ", || async {
-        broker.depth(&dlq).await == 3
+        broker.depth(dlq).await == 3
     })
     .await;
 
     let redrive = || {
         http.post(format!("{url}/dead-letters/redrive"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(format!(
-                "consumer=shop.views&ids=svc%3A1%2Csvc%3A2&csrf={csrf}"
-            ))
+            .form(&[
+                ("consumer", "shop.views"),
+                ("ids", "svc:1,svc:2"),
+                ("csrf", &csrf),
+            ])
             .send()
     };
     let first = redrive().await.unwrap();
@@ -95,17 +56,14 @@ async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driv
     wait_until(
         DEADLINE,
         "the group on the queue, the other letter kept",
-        || async { broker.depth(&spec.queue).await == 2 && broker.depth(&dlq).await == 1 },
+        || async { broker.depth(queue).await == 2 && broker.depth(dlq).await == 1 },
     )
     .await;
     let again = redrive().await.unwrap();
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert!(again.text().await.unwrap().contains("nothing moved"));
-    assert_eq!(
-        broker.depth(&spec.queue).await,
-        2,
-        "nothing re-driven twice"
-    );
-    broker.cleanup(&[&spec.queue]).await;
+    assert_eq!(broker.depth(queue).await, 2, "nothing re-driven twice");
+    let queue = queue.clone();
+    letters.broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
