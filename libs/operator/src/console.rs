@@ -57,6 +57,10 @@ pub fn router(console: Console) -> Router {
         .route("/outbox/{service}/redrive", post(pages::redrive_outbox))
         .route("/dead-letters", get(letters::list))
         .route("/dead-letters/redrive", post(letters::redrive))
+        .route(
+            "/dead-letters/drop",
+            get(letters::ask_drop).post(letters::drop),
+        )
         .route("/parked", get(parked::list))
         .route("/stuck", get(stuck::list))
         .route("/parked/unpark", post(parked::unpark))

@@ -10,7 +10,7 @@ use testkit::{DEADLINE, TestDb, wait_until};
 mod support;
 
 #[tokio::test]
-async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driven_once() {
+async fn dead_letters_are_grouped_by_cause_a_group_re_driven_once_and_one_dropped_as_shown() {
     let db = TestDb::new().await;
     let letters = support::letters(&db).await;
     let (broker, queue, dlq) = (&letters.broker, &letters.spec.queue, &letters.dlq);
@@ -63,6 +63,35 @@ async fn dead_letters_are_grouped_by_their_recorded_cause_and_a_group_is_re_driv
     assert_eq!(again.status(), StatusCode::CONFLICT);
     assert!(again.text().await.unwrap().contains("nothing moved"));
     assert_eq!(broker.depth(queue).await, 2, "nothing re-driven twice");
+
+    // The letter left over, dropped after a page that shows it; once.
+    let ask = http
+        .get(format!(
+            "{url}/dead-letters/drop?consumer=shop.views&id=svc%3A3"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(ask.contains("Drop svc:3 for good"), "{ask}");
+    let drop = || {
+        http.post(format!("{url}/dead-letters/drop"))
+            .form(&[("consumer", "shop.views"), ("id", "svc:3"), ("csrf", &csrf)])
+            .send()
+    };
+    assert_eq!(drop().await.unwrap().status(), StatusCode::SEE_OTHER);
+    wait_until(DEADLINE, "the DLQ empty", || async {
+        broker.depth(dlq).await == 0
+    })
+    .await;
+    assert_eq!(drop().await.unwrap().status(), StatusCode::CONFLICT);
+    assert_eq!(
+        broker.depth(queue).await,
+        2,
+        "a dropped letter is not re-driven"
+    );
     let queue = queue.clone();
     letters.broker.cleanup(&[&queue]).await;
     db.cleanup().await;

@@ -18,8 +18,8 @@ mod publish;
 mod topology;
 
 pub use dead_letters::{
-    DeadLetter, DeadLetterFilter, inspect_queue, peek_dead_letters, purge_dead_letters,
-    queue_depth, redrive_dead_letters,
+    DeadLetter, DeadLetterFilter, drop_dead_letters, inspect_queue, peek_dead_letters,
+    purge_dead_letters, queue_depth, redrive_dead_letters,
 };
 pub use publish::{Outgoing, PublishFailure, Publisher, Sent};
 pub use topology::{

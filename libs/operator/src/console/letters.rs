@@ -144,3 +144,63 @@ pub async fn redrive(State(console): State<Arc<Console>>, Form(r): Form<Redrive>
         Err(e) => refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")),
     }
 }
+
+#[derive(Deserialize)]
+pub struct Which {
+    consumer: String,
+    id: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+#[derive(Template)]
+#[template(path = "drop.html")]
+struct DropPage {
+    title: &'static str,
+    consumer: String,
+    id: String,
+    event_type: String,
+    reason: String,
+    body: String,
+    csrf: String,
+}
+
+/// The page that asks before a letter is dropped: the letter itself.
+pub async fn ask_drop(State(console): State<Arc<Console>>, Query(w): Query<Which>) -> Response {
+    match dead_letters::letter(&console.estate, &w.consumer, &w.id).await {
+        Ok(Some(letter)) => html(&DropPage {
+            title: "Drop a dead letter for good?",
+            event_type: letter.event_type.unwrap_or_default(),
+            reason: letter.reason.unwrap_or_default(),
+            body: letter.body,
+            csrf: console.auth.csrf(),
+            consumer: w.consumer,
+            id: w.id,
+        }),
+        Ok(None) => gone(&w),
+        Err(e) => refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")),
+    }
+}
+
+fn gone(w: &Which) -> Response {
+    let why = format!(
+        "{} is not in {}'s DLQ (any more): re-driven or dropped meanwhile",
+        w.id, w.consumer
+    );
+    refused(StatusCode::CONFLICT, &why)
+}
+
+/// Drops the letter the operator was shown, never to be applied.
+pub async fn drop(State(console): State<Arc<Console>>, Form(w): Form<Which>) -> Response {
+    if let Some(refusal) = forged(&console, &w.csrf) {
+        return refusal;
+    }
+    match dead_letters::drop(&console.estate, &w.consumer, &w.id).await {
+        Ok(0) => gone(&w),
+        Ok(_) => done(
+            "/dead-letters",
+            &format!("{} dropped from {}'s DLQ, never applied", w.id, w.consumer),
+        ),
+        Err(e) => refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")),
+    }
+}

@@ -154,6 +154,33 @@ pub async fn redrive(estate: &Estate, consumer: &str, ids: Option<Vec<String>>) 
     broker::redrive_dead_letters(conn, &estate.queue(consumer), usize::MAX, &filter).await
 }
 
+/// Letter `id` of `consumer`'s DLQ, as it is there now, if it still is.
+pub async fn letter(
+    estate: &Estate,
+    consumer: &str,
+    id: &str,
+) -> Result<Option<broker::DeadLetter>> {
+    let Some(conn) = estate.broker.as_ref() else {
+        return Err(Error::Config("the broker is unreachable".into()));
+    };
+    let letters = broker::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
+    Ok(letters
+        .into_iter()
+        .find(|l| l.message_id.as_deref() == Some(id)))
+}
+
+/// Deletes letter `id` of `consumer`'s DLQ for good; 0 when it had gone.
+pub async fn drop(estate: &Estate, consumer: &str, id: &str) -> Result<usize> {
+    let Some(conn) = estate.broker.as_ref() else {
+        return Err(Error::Config("the broker is unreachable".into()));
+    };
+    let filter = broker::DeadLetterFilter {
+        message_id: Some(id.to_owned()),
+        ..Default::default()
+    };
+    broker::drop_dead_letters(conn, &estate.queue(consumer), &filter).await
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

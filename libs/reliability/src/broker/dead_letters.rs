@@ -12,6 +12,9 @@ use crate::{Error, Result};
 
 use super::{PARTITION_HEADER, bounded, dead_letter_queue};
 
+mod filter;
+pub use filter::DeadLetterFilter;
+
 /// A dead-lettered message as an operator sees it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DeadLetter {
@@ -206,33 +209,6 @@ async fn until_back(connection: &Connection, dlq: &str, ready: u32) -> Result<()
     }
 }
 
-/// Which dead letters a re-drive moves: all, one (by message id), a set
-/// (by message ids: a group of one cause), or an event type; each given
-/// field must match.
-#[derive(Debug, Clone, Default)]
-pub struct DeadLetterFilter {
-    pub message_id: Option<String>,
-    pub event_type: Option<String>,
-    pub message_ids: Option<Vec<String>>,
-}
-
-impl DeadLetterFilter {
-    pub fn matches(&self, letter: &DeadLetter) -> bool {
-        let field = |want: &Option<String>, have: &Option<String>| {
-            want.as_ref().is_none_or(|w| have.as_ref() == Some(w))
-        };
-        let among = self.message_ids.as_ref().is_none_or(|ids| {
-            letter
-                .message_id
-                .as_ref()
-                .is_some_and(|id| ids.contains(id))
-        });
-        field(&self.message_id, &letter.message_id)
-            && field(&self.event_type, &letter.event_type)
-            && among
-    }
-}
-
 /// Moves up to `limit` messages that `filter` matches from `queue`'s DLQ
 /// back onto `queue` (only that consumer sees them again); for an ordered
 /// subscription, onto its partitions, each to its aggregate's by the
@@ -250,6 +226,28 @@ pub async fn redrive_dead_letters(
     queue: &str,
     limit: usize,
     filter: &DeadLetterFilter,
+) -> Result<usize> {
+    take_dead_letters(connection, queue, limit, filter, true).await
+}
+
+/// Deletes the messages `filter` matches from `queue`'s DLQ for good (an
+/// operator's skip of a letter shown to them); the others stay, in order.
+pub async fn drop_dead_letters(
+    connection: &Connection,
+    queue: &str,
+    filter: &DeadLetterFilter,
+) -> Result<usize> {
+    take_dead_letters(connection, queue, usize::MAX, filter, false).await
+}
+
+/// Takes what `filter` matches off the DLQ: re-published first when
+/// `redrive`, else dropped.
+async fn take_dead_letters(
+    connection: &Connection,
+    queue: &str,
+    limit: usize,
+    filter: &DeadLetterFilter,
+    redrive: bool,
 ) -> Result<usize> {
     let channel = connection.create_channel().await?;
     channel
@@ -281,6 +279,7 @@ pub async fn redrive_dead_letters(
             k.starts_with("x-") && k != PARTITION_HEADER
         });
         match &partitions {
+            _ if !redrive => {}
             Some(exchange) => {
                 publish_confirmed(&channel, exchange, "", &msg.delivery.data, props).await?;
             }
