@@ -436,6 +436,7 @@ async fn the_overview_says_which_process_roles_are_ready_not_ready_or_down() {
         "{problems}"
     );
     assert!(!problems.contains("orders serve"), "{problems}");
+    assert!(problems.contains("href=\"#roles\""), "each links to its table: {problems}");
     assert!(page.contains("<td class=\"ok\">ready</td>"), "{page}");
     db.cleanup().await;
 }

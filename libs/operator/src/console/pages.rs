@@ -79,7 +79,8 @@ struct ConsumerRow {
 struct Overview {
     title: &'static str,
     said: Option<String>,
-    problems: Vec<String>,
+    /// Each problem, and the page or table that shows it.
+    problems: Vec<(String, &'static str)>,
     roles: Vec<ops::roles::RoleLine>,
     outbox: Vec<OutboxRow>,
     consumers: Vec<ConsumerRow>,
@@ -139,13 +140,38 @@ pub async fn overview(State(console): State<Arc<Console>>, Query(q): Query<Said>
     html(&Overview {
         title: "Overview",
         said: q.said,
-        problems: status.problems,
+        problems: status
+            .problems
+            .into_iter()
+            .map(|p| {
+                let page = page_of(&p);
+                (p, page)
+            })
+            .collect(),
         roles,
         outbox,
         consumers,
         csrf: console.auth.csrf(),
         read_only: console.read_only,
     })
+}
+
+/// Where a problem `status` names is shown, by what it says (its wording
+/// is `ops::status`'s, tested there).
+fn page_of(problem: &str) -> &'static str {
+    const PAGES: &[(&str, &str)] = &[
+        ("dead-lettered", "/dead-letters"),
+        ("parked", "/parked"),
+        ("undecided", "/stuck"),
+        ("(ops port", "#roles"),
+        ("outbox row(s) in the DLQ table", "#outbox"),
+        ("pending, the oldest", "#outbox"),
+        ("no consumer attached", "#consumers"),
+    ];
+    PAGES
+        .iter()
+        .find(|(says, _)| problem.contains(says))
+        .map_or("", |(_, page)| page)
 }
 
 #[derive(Deserialize)]

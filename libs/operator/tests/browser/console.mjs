@@ -34,8 +34,9 @@ try {
   });
   assert.equal(answer.status(), 403);
 
-  step('dead letters grouped by cause; the group re-driven');
-  await page.click('a:has-text("Dead letters")');
+  step("dead letters grouped by cause, from the overview's problem; the group re-driven");
+  await page.goto(`${url}/`);
+  await page.click('#problems a[href="/dead-letters"]');
   await page.getByText('permanent: no order #').waitFor();
   await shot('03-dead-letters');
   await page.click('button:has-text("Re-drive these 2")');
