@@ -7,6 +7,7 @@ use sqlx::PgPool;
 
 use contracts::topology::Subscription;
 
+pub mod charts;
 pub mod commerce;
 pub mod dead_letters;
 pub mod explain;

@@ -436,7 +436,44 @@ async fn the_overview_says_which_process_roles_are_ready_not_ready_or_down() {
         "{problems}"
     );
     assert!(!problems.contains("orders serve"), "{problems}");
-    assert!(problems.contains("href=\"#roles\""), "each links to its table: {problems}");
+    assert!(
+        problems.contains("href=\"#roles\""),
+        "each links to its table: {problems}"
+    );
     assert!(page.contains("<td class=\"ok\">ready</td>"), "{page}");
+    db.cleanup().await;
+}
+
+/// The last hour from the outbox itself: two orders decided two minutes
+/// ago, each published 3 s after its commit.
+#[tokio::test]
+async fn the_overview_charts_the_last_hour_from_the_outbox() {
+    let (db, estate) = estate().await;
+    sqlx::raw_sql(
+        "INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                                      payload, headers, occurred_at, processed_at)
+         SELECT 1, 'order', n::text, t, 1, '{}', '{}', now() - interval '123 s', now() - interval '120 s'
+         FROM generate_series(1, 2) n, unnest(ARRAY['OrderConfirmed', 'OrderPlaced']) t",
+    )
+    .execute(&db.owner)
+    .await
+    .unwrap();
+    let url = spawn(estate, Auth::none(), true).await;
+    let page = client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let charts = &page[page.find("id=\"charts\"").unwrap()..page.find("<h2>Outboxes").unwrap()];
+    assert!(charts.contains("Orders decided per second"), "{charts}");
+    // Two decided in the minute: 2/60 per second; the OrderPlaced are not.
+    assert!(charts.contains("<title>0.03 /s</title>"), "{charts}");
+    assert!(
+        charts.contains("orders: outbox lag") && charts.contains("max 3.00 s"),
+        "{charts}"
+    );
     db.cleanup().await;
 }

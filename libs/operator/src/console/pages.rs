@@ -82,6 +82,8 @@ struct Overview {
     /// Each problem, and the page or table that shows it.
     problems: Vec<(String, &'static str)>,
     roles: Vec<ops::roles::RoleLine>,
+    /// The last hour: (what, inline SVG).
+    charts: Vec<(String, String)>,
     outbox: Vec<OutboxRow>,
     consumers: Vec<ConsumerRow>,
     csrf: String,
@@ -149,11 +151,35 @@ pub async fn overview(State(console): State<Arc<Console>>, Query(q): Query<Said>
             })
             .collect(),
         roles,
+        charts: charts(&console).await,
         outbox,
         consumers,
         csrf: console.auth.csrf(),
         read_only: console.read_only,
     })
+}
+
+/// Orders decided per second, and each outbox that published in the
+/// last hour, its lag: a minute a bar.
+async fn charts(console: &Console) -> Vec<(String, String)> {
+    let mut charts = Vec::new();
+    let (service, events) = commerce::DECIDED;
+    if let Some(pool) = console.estate.database(service)
+        && let Ok(points) = ops::charts::rate(pool, events).await
+    {
+        let chart = ops::charts::svg(&points, "/s");
+        charts.push(("Orders decided per second".into(), chart));
+    }
+    for (service, pool) in &console.estate.databases {
+        match ops::charts::lag(pool).await {
+            Ok(points) if points.iter().any(|p| *p > 0.0) => {
+                let what = format!("{service}: outbox lag, the longest per minute");
+                charts.push((what, ops::charts::svg(&points, "s")));
+            }
+            _ => {}
+        }
+    }
+    charts
 }
 
 /// Where a problem `status` names is shown, by what it says (its wording

@@ -40,3 +40,7 @@ pub const ORDER_PROVIDER_ITEMS: &[ProviderItems<'static>] = &[
         key: contracts::provider::refund_key,
     },
 ];
+
+/// The events that decide an order, in the service that publishes them:
+/// what the console counts as decided per second.
+pub const DECIDED: (&str, &[&str]) = ("orders", &["OrderConfirmed", "OrderCancelled"]);
