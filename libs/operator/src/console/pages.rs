@@ -338,7 +338,7 @@ pub async fn redrive_outbox(
         );
     }
     let Some(pool) = console.estate.database(&service) else {
-        return refused(StatusCode::NOT_FOUND, &format!("no service {service}"));
+        return no_service(&service);
     };
     match ops::outbox::redrive_dlq(pool, None).await {
         Ok(0) => refused(
@@ -351,6 +351,11 @@ pub async fn redrive_outbox(
         }
         Err(e) => refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")),
     }
+}
+
+/// The 404 of a service the console has no database of.
+pub(super) fn no_service(service: &str) -> Response {
+    refused(StatusCode::NOT_FOUND, &format!("no service {service}"))
 }
 
 /// Post/redirect/get: back to `page`, which says what was done; a reload

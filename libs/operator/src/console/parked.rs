@@ -14,7 +14,7 @@ use reliability::consumer::{self, ParkedAggregate};
 use serde::Deserialize;
 
 use super::Console;
-use super::pages::{Said, done, forged, html, or_dash, refused};
+use super::pages::{Said, done, forged, html, no_service, or_dash, refused};
 
 /// One parked aggregate, named as every form of this page names it.
 #[derive(Deserialize, Clone)]
@@ -96,14 +96,8 @@ fn row(service: &str, p: ParkedAggregate) -> Row {
     }
 }
 
-/// The aggregate as it stands now, if it is parked in that database.
-async fn find(console: &Console, w: &Which) -> Result<Option<ParkedAggregate>, Response> {
-    let Some(pool) = console.estate.database(&w.service) else {
-        return Err(refused(
-            StatusCode::NOT_FOUND,
-            &format!("no service {}", w.service),
-        ));
-    };
+/// The aggregate as it stands now in `pool`, if it is parked there.
+async fn find(pool: &sqlx::PgPool, w: &Which) -> Result<Option<ParkedAggregate>, Response> {
     let parked = consumer::parked(pool, Some(&w.consumer))
         .await
         .map_err(|e| refused(StatusCode::BAD_GATEWAY, &format!("{e:#}")))?;
@@ -155,7 +149,10 @@ pub async fn unpark(State(console): State<Arc<Console>>, Form(act): Form<Act>) -
         return refusal;
     }
     let w = &act.which();
-    let parked = match find(&console, w).await {
+    let Some(pool) = console.estate.database(&w.service) else {
+        return no_service(&w.service);
+    };
+    let parked = match find(pool, w).await {
         Ok(Some(p)) => p,
         Ok(None) => return gone(w),
         Err(refusal) => return refusal,
@@ -164,7 +161,6 @@ pub async fn unpark(State(console): State<Arc<Console>>, Form(act): Form<Act>) -
         let why = "an unpark of it is under way: the consumer replays its events within seconds";
         return refused(StatusCode::CONFLICT, why);
     }
-    let pool = console.estate.database(&w.service).expect("found above");
     match consumer::unpark(
         pool,
         &w.consumer,
@@ -201,7 +197,7 @@ struct SkipPage {
 /// The page that asks before a skip: the event that would be dropped.
 pub async fn ask_skip(State(console): State<Arc<Console>>, Query(w): Query<Which>) -> Response {
     let Some(pool) = console.estate.database(&w.service) else {
-        return refused(StatusCode::NOT_FOUND, &format!("no service {}", w.service));
+        return no_service(&w.service);
     };
     let first = consumer::first_parked(
         pool,
@@ -235,7 +231,7 @@ pub async fn skip(State(console): State<Arc<Console>>, Form(act): Form<Act>) -> 
         return refused(StatusCode::BAD_REQUEST, "a skip names the message it drops");
     };
     let Some(pool) = console.estate.database(&w.service) else {
-        return refused(StatusCode::NOT_FOUND, &format!("no service {}", w.service));
+        return no_service(&w.service);
     };
     let skipped = consumer::skip(
         pool,

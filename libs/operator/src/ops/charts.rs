@@ -18,12 +18,15 @@ pub struct Series {
 
 const MINUTES: usize = 60;
 
-async fn per_minute(pool: &PgPool, value: &str, filter: &str, events: &[&str]) -> Result<Vec<f64>> {
-    // The value and the filter are this module's constants, never input.
+/// `value` per minute of the rows published in the last hour, of
+/// `events` only when given.
+async fn per_minute(pool: &PgPool, value: &str, events: Option<&[&str]>) -> Result<Vec<f64>> {
+    // The value is this module's constant, never input.
     let sql = format!(
         "SELECT (extract(epoch FROM now() - processed_at) / 60)::int AS ago, {value}
          FROM outbox_messages
-         WHERE processed_at > now() - interval '1 hour' {filter}
+         WHERE processed_at > now() - interval '1 hour'
+           AND ($1::text[] IS NULL OR event_type = ANY($1))
          GROUP BY 1"
     );
     let rows: Vec<(i32, f64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -43,19 +46,13 @@ async fn per_minute(pool: &PgPool, value: &str, filter: &str, events: &[&str]) -
 
 /// Events of `events` published per second, each minute.
 pub async fn rate(pool: &PgPool, events: &[&str]) -> Result<Vec<f64>> {
-    per_minute(
-        pool,
-        "count(*)::float8 / 60",
-        "AND event_type = ANY($1)",
-        events,
-    )
-    .await
+    per_minute(pool, "count(*)::float8 / 60", Some(events)).await
 }
 
 /// The longest commit-to-confirm wait of the minute's published rows, s.
 pub async fn lag(pool: &PgPool) -> Result<Vec<f64>> {
     let value = "max(extract(epoch FROM processed_at - occurred_at))::float8";
-    per_minute(pool, value, "AND $1::text[] IS NOT NULL", &[]).await
+    per_minute(pool, value, None).await
 }
 
 /// `points` as an inline SVG of bars, scaled to their largest, with it

@@ -73,6 +73,11 @@ pub async fn causes(
     .await?)
 }
 
+fn broker_of(estate: &Estate) -> Result<&lapin::Connection> {
+    let unreachable = || Error::Config("the broker is unreachable".into());
+    estate.broker.as_ref().ok_or_else(unreachable)
+}
+
 /// Digit runs as `#`: "no order 7" and "no order 9" are one cause.
 fn shape(error: &str) -> String {
     let mut out = String::with_capacity(error.len());
@@ -94,9 +99,7 @@ fn shape(error: &str) -> String {
 /// `consumer`'s dead letters (up to [`PEEK`]) in groups of one cause, the
 /// largest first.
 pub async fn grouped(estate: &Estate, consumer: &str) -> Result<Vec<Group>> {
-    let Some(conn) = estate.broker.as_ref() else {
-        return Err(Error::Config("the broker is unreachable".into()));
-    };
+    let conn = broker_of(estate)?;
     let letters = broker::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
     let ids: Vec<(String, i64)> = letters
         .iter()
@@ -144,9 +147,7 @@ pub async fn grouped(estate: &Estate, consumer: &str) -> Result<Vec<Group>> {
 /// queue, in order; the others stay, in order. Returns how many moved:
 /// fewer than asked when some had gone (re-driven by another operator).
 pub async fn redrive(estate: &Estate, consumer: &str, ids: Option<Vec<String>>) -> Result<usize> {
-    let Some(conn) = estate.broker.as_ref() else {
-        return Err(Error::Config("the broker is unreachable".into()));
-    };
+    let conn = broker_of(estate)?;
     let filter = broker::DeadLetterFilter {
         message_ids: ids,
         ..Default::default()
@@ -160,9 +161,7 @@ pub async fn letter(
     consumer: &str,
     id: &str,
 ) -> Result<Option<broker::DeadLetter>> {
-    let Some(conn) = estate.broker.as_ref() else {
-        return Err(Error::Config("the broker is unreachable".into()));
-    };
+    let conn = broker_of(estate)?;
     let letters = broker::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
     Ok(letters
         .into_iter()
@@ -171,9 +170,7 @@ pub async fn letter(
 
 /// Deletes letter `id` of `consumer`'s DLQ for good; 0 when it had gone.
 pub async fn drop(estate: &Estate, consumer: &str, id: &str) -> Result<usize> {
-    let Some(conn) = estate.broker.as_ref() else {
-        return Err(Error::Config("the broker is unreachable".into()));
-    };
+    let conn = broker_of(estate)?;
     let filter = broker::DeadLetterFilter {
         message_id: Some(id.to_owned()),
         ..Default::default()
