@@ -23,8 +23,11 @@ use crate::ops;
 
 pub mod auth;
 mod letters;
+mod overview;
 mod pages;
 mod parked;
+pub mod sampler;
+mod story;
 mod stuck;
 
 pub use auth::Auth;
@@ -46,15 +49,18 @@ pub struct Console {
     /// The process roles whose `/readyz` the overview asks, on
     /// 127.0.0.1 (`ops::roles::roster_probes`: `make up`'s).
     pub roles: Vec<ops::roles::RoleProbe>,
+    /// What the roles' `/metrics` said over the last hour ([`serve`]
+    /// keeps it).
+    pub samples: Arc<sampler::Samples>,
 }
 
 /// The console's routes: every one behind [`auth::require`] but the login.
 pub fn router(console: Console) -> Router {
     let console = Arc::new(console);
     Router::new()
-        .route("/", get(pages::overview))
-        .route("/orders", get(pages::order))
-        .route("/outbox/{service}/redrive", post(pages::redrive_outbox))
+        .route("/", get(overview::overview))
+        .route("/orders", get(story::order))
+        .route("/outbox/{service}/redrive", post(overview::redrive_outbox))
         .route("/dead-letters", get(letters::list))
         .route("/dead-letters/redrive", post(letters::redrive))
         .route(
@@ -85,9 +91,17 @@ pub fn check_bind(addr: &SocketAddr, auth: &Auth) -> Result<(), String> {
     }
 }
 
-/// Serves until the process is stopped.
+/// Serves until the process is stopped, reading the roles' metrics
+/// meanwhile.
 pub async fn serve(listener: tokio::net::TcpListener, console: Console) -> std::io::Result<()> {
-    axum::serve(listener, router(console)).await
+    let sampler = console
+        .samples
+        .clone()
+        .run("127.0.0.1".into(), console.roles.clone());
+    let sampling = tokio::spawn(sampler);
+    let served = axum::serve(listener, router(console)).await;
+    sampling.abort();
+    served
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ impl Settings {
             read_only: self.read_only,
             psp_url: self.psp_url,
             limits,
+            samples: Default::default(),
         };
         console::serve(listener, console).await?;
         Ok(())

@@ -279,6 +279,8 @@ async fn main() -> anyhow::Result<()> {
                 ops::commerce::ORDER_TABLES,
             )
             .await?;
+            ops::explain::related_rows(&estate, ops::commerce::ORDER_RELATED, &mut explanation)
+                .await?;
             ops::explain::provider_view(
                 &estate,
                 &psp_url,

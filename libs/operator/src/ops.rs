@@ -9,12 +9,15 @@ use contracts::topology::Subscription;
 
 pub mod charts;
 pub mod commerce;
+mod connections;
 pub mod dead_letters;
 pub mod explain;
 mod management;
 pub mod offsets;
 pub mod outbox;
+pub mod problems;
 pub mod roles;
+pub mod scrape;
 pub mod status;
 pub mod stuck;
 

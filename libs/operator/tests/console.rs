@@ -477,3 +477,100 @@ async fn the_overview_charts_the_last_hour_from_the_outbox() {
     );
     db.cleanup().await;
 }
+
+/// A role that is ready and whose `/metrics` says `metrics`.
+async fn role_saying(metrics: &'static str) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route("/readyz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || async move { metrics }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// What needs an operator, the oldest first after what has no recorded
+/// start; the money in doubt; reconciliation's findings and a view's
+/// drift, read from the processes that run them.
+#[tokio::test]
+async fn the_overview_puts_the_oldest_problem_first_and_shows_the_money_and_what_processes_found() {
+    let (db, mut estate) = estate().await;
+    sqlx::raw_sql("UPDATE outbox_messages_dlq SET failed_at = now() - interval '10 minutes'")
+        .execute(&db.owner)
+        .await
+        .unwrap();
+    let payments = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE payments (tenant_id bigint, payment_id bigint, order_id bigint, status text,
+                                outcome_unknown boolean, doubt_sent_at timestamptz);
+         CREATE TABLE refunds (tenant_id bigint, refund_id bigint, payment_id bigint, status text,
+                               outcome_unknown boolean, doubt_sent_at timestamptz, last_error text,
+                               updated_at timestamptz);
+         INSERT INTO payments VALUES (1, 5, 42, 'pending', true, now() - interval '20 minutes'),
+                                     (1, 6, 43, 'captured', false, NULL);",
+    )
+    .execute(&payments.owner)
+    .await
+    .unwrap();
+    estate
+        .databases
+        .push(("payments".into(), payments.owner.clone()));
+    let metrics = "# TYPE payments_reconciliation_mismatches_total counter\n\
+        payments_reconciliation_mismatches_total{kind=\"unknown_key\"} 2\n\
+        payments_reconciliation_repairs_total{kind=\"unknown_key\"} 0\n\
+        projection_verify_differences{view=\"orders\"} 3\n\
+        projection_verify_differences{view=\"history\"} 0\n";
+    let role = ops::roles::RoleProbe {
+        service: "payments".into(),
+        role: "serve",
+        port: role_saying(metrics).await,
+    };
+    let url = support::serve(estate, Auth::none(), true, vec![role]).await;
+    let page = client()
+        .get(&url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let problems =
+        &page[page.find("id=\"problems\"").unwrap()..page.find("id=\"charts\"").unwrap()];
+    let at = |says: &str| {
+        problems
+            .find(says)
+            .unwrap_or_else(|| panic!("{says:?} is not among the problems: {problems}"))
+    };
+    let order = [
+        at("payments: reconciliation found 2 unknown_key it could not repair"),
+        at("orders: tenant 1 has 1 order(s) undecided for over 300 s"),
+        at("payments: 1 payment(s) and 0 refund(s) in doubt"),
+        at("orders: 1 outbox row(s) in the DLQ table"),
+    ];
+    assert!(
+        order.is_sorted(),
+        "unknown first, then the oldest: {problems}"
+    );
+    assert!(
+        problems.contains("projection: its orders view differed from the sources in 3 entities"),
+        "{problems}"
+    );
+    assert!(!problems.contains("history view"), "{problems}");
+    assert!(
+        problems.contains(">1 h 0 min<"),
+        "the stuck order's age: {problems}"
+    );
+    assert!(problems.contains(">20 min<"), "the doubt's age: {problems}");
+    assert!(problems.contains("href=\"#money\""), "{problems}");
+    let money = &page[page.find("id=\"money\"").unwrap()..page.find("<h2>Outboxes").unwrap()];
+    assert!(
+        money.contains("In doubt at the provider") && money.contains("1 payment(s), 0 refund(s)"),
+        "{money}"
+    );
+    assert!(money.contains("Reconciliation: unknown_key"), "{money}");
+    db.cleanup().await;
+    payments.cleanup().await;
+}

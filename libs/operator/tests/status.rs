@@ -36,9 +36,10 @@ async fn status_names_a_binding_the_broker_lost() {
         ordered_partitions: String::new(),
         management_url: Some(management_url()),
     };
-    let about_bindings = |problems: Vec<String>| -> Vec<String> {
+    let about_bindings = |problems: Vec<operator::ops::problems::Problem>| -> Vec<String> {
         problems
             .into_iter()
+            .map(|p| p.text)
             .filter(|p| p.contains("is not bound"))
             .collect()
     };

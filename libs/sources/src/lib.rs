@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod doubt;
 mod floor;
 mod orders;
 mod refunds;
@@ -14,6 +15,7 @@ use reliability::{Result, db};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
+pub use doubt::{InDoubt, in_doubt};
 pub use floor::{FLOOR_WAIT, floor, floors};
 pub use orders::{Line, Order, Payment, Refund, Reservation, order, orders_after};
 pub use refunds::{FailedRefunds, failed_refunds};

@@ -2,7 +2,7 @@
 //! rows, what the provider holds of it, and which work admission counts.
 //! The CLI and the console read the same ones.
 
-use super::explain::ProviderItems;
+use super::explain::{ProviderItems, Related};
 use super::status::WorkInFlight;
 
 /// Work accepted and not yet decided, which admission bounds (docs/adr/0027).
@@ -21,6 +21,16 @@ pub const ORDER_TABLES: &[(&str, &str)] = &[
     ("payments", "payments"),
     ("projection", "order_views"),
 ];
+
+/// Where an order has rows through another table: its refunds, through
+/// its payment.
+pub const ORDER_RELATED: &[Related<'static>] = &[Related {
+    service: "payments",
+    table: "refunds",
+    sql: "SELECT to_jsonb(r) FROM refunds r JOIN payments p
+          ON p.tenant_id = r.tenant_id AND p.payment_id = r.payment_id
+          WHERE p.tenant_id = $1 AND p.order_id = $2 ORDER BY r.refund_id",
+}];
 
 /// An order's requests to the payment provider: each payment by its charge
 /// key, each refund by its own (docs/adr/0011).

@@ -168,14 +168,29 @@ pub async fn letter(
         .find(|l| l.message_id.as_deref() == Some(id)))
 }
 
-/// Deletes letter `id` of `consumer`'s DLQ for good; 0 when it had gone.
+/// Deletes letter `id` of `consumer`'s DLQ for good, and its cause (so
+/// the DLQ's age no longer counts it); 0 when it had gone.
 pub async fn drop(estate: &Estate, consumer: &str, id: &str) -> Result<usize> {
     let conn = broker_of(estate)?;
     let filter = broker::DeadLetterFilter {
         message_id: Some(id.to_owned()),
         ..Default::default()
     };
-    broker::drop_dead_letters(conn, &estate.queue(consumer), &filter).await
+    let dropped = broker::drop_dead_letters(conn, &estate.queue(consumer), &filter).await?;
+    if let Some(pool) = estate.consumer_db(consumer)
+        && let Some((source, n)) = id.split_once(':')
+        && let Ok(n) = n.parse::<i64>()
+    {
+        sqlx::query(
+            "DELETE FROM dead_letter_causes WHERE consumer = $1 AND source = $2 AND message_id = $3",
+        )
+        .bind(consumer)
+        .bind(source)
+        .bind(n)
+        .execute(pool)
+        .await?;
+    }
+    Ok(dropped)
 }
 
 #[cfg(test)]

@@ -60,6 +60,9 @@ pub struct EventPath {
     pub at: String,
     pub attempts: i32,
     pub last_error: Option<String>,
+    /// The W3C trace the event carries (its `traceparent`'s trace id):
+    /// the one to look up in the traces.
+    pub trace_id: Option<String>,
     #[sqlx(skip)]
     pub deliveries: Vec<DeliveryAt>,
 }
@@ -108,15 +111,18 @@ pub async fn explain(
     let mut events = Vec::new();
     for (service, pool) in &estate.databases {
         let found: Vec<EventPath> = sqlx::query_as(
-            "SELECT $3::text AS source, id, event_type, occurred_at, at, attempts, last_error FROM (
+            "SELECT $3::text AS source, id, event_type, occurred_at, at, attempts, last_error,
+                    nullif(split_part(headers->>'traceparent', '-', 2), '') AS trace_id FROM (
                SELECT id, event_type, occurred_at,
                       CASE WHEN processed_at IS NULL THEN 'outbox' ELSE 'published' END AS at,
-                      attempts, last_error, tenant_id, payload FROM outbox_messages
+                      attempts, last_error, tenant_id, payload, headers FROM outbox_messages
                UNION ALL
-               SELECT id, event_type, occurred_at, 'archived', attempts, last_error, tenant_id, payload
+               SELECT id, event_type, occurred_at, 'archived', attempts, last_error, tenant_id, payload,
+                      headers
                FROM outbox_messages_archive
                UNION ALL
-               SELECT id, event_type, occurred_at, 'outbox_dlq', attempts, last_error, tenant_id, payload
+               SELECT id, event_type, occurred_at, 'outbox_dlq', attempts, last_error, tenant_id, payload,
+                      headers
                FROM outbox_messages_dlq) e
              WHERE tenant_id = $1 AND payload->>$4 = $2::text",
         )
@@ -180,6 +186,41 @@ pub async fn explain(
         stuck,
         provider: Vec::new(),
     })
+}
+
+/// Rows that name the key through another table (a refund through its
+/// payment): `sql` gives one `jsonb` per row of `service`'s database for
+/// `tenant_id = $1` and the explained id `$2`, shown as `table`'s.
+#[derive(Debug, Clone, Copy)]
+pub struct Related<'a> {
+    pub service: &'a str,
+    pub table: &'a str,
+    pub sql: &'a str,
+}
+
+/// Adds the rows of each of `related` to `e`.
+pub async fn related_rows(
+    estate: &Estate,
+    related: &[Related<'_>],
+    e: &mut Explanation,
+) -> Result<()> {
+    for r in related {
+        let Some(pool) = estate.database(r.service) else {
+            continue;
+        };
+        // The SQL is the caller's constant, never input.
+        let found: Vec<Value> = sqlx::query_scalar(sqlx::AssertSqlSafe(r.sql))
+            .bind(e.tenant_id)
+            .bind(e.id)
+            .fetch_all(pool)
+            .await?;
+        e.rows.extend(found.into_iter().map(|row| RowAt {
+            service: r.service.to_owned(),
+            table: r.table.to_owned(),
+            row,
+        }));
+    }
+    Ok(())
 }
 
 /// Where a key's requests to a third party are, and how to name them

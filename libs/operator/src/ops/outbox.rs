@@ -61,6 +61,8 @@ pub struct OutboxStatus {
     pub oldest_pending_seconds: Option<f64>,
     pub max_attempts: Option<i32>,
     pub dlq: i64,
+    /// When the oldest row in the DLQ table got there.
+    pub dlq_oldest_at: Option<DateTime<Utc>>,
 }
 
 pub async fn outbox_status(owner: &PgPool) -> Result<OutboxStatus> {
@@ -69,7 +71,8 @@ pub async fn outbox_status(owner: &PgPool) -> Result<OutboxStatus> {
                 (SELECT EXTRACT(EPOCH FROM now() - min(occurred_at))::float8
                  FROM outbox_messages WHERE processed_at IS NULL) AS oldest_pending_seconds,
                 (SELECT max(attempts) FROM outbox_messages WHERE processed_at IS NULL) AS max_attempts,
-                (SELECT count(*) FROM outbox_messages_dlq) AS dlq",
+                (SELECT count(*) FROM outbox_messages_dlq) AS dlq,
+                (SELECT min(failed_at) FROM outbox_messages_dlq) AS dlq_oldest_at",
     )
     .fetch_one(owner)
     .await?)

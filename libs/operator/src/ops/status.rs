@@ -5,6 +5,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::connections::{connections, connections_problem};
+use super::problems::Problem;
 use super::{Estate, outbox};
 use reliability::{TenantId, broker, maintenance};
 use service_kit::admission::AdmissionLimits;
@@ -25,8 +27,11 @@ pub struct Status {
     /// Whether every subscription's bindings were held to the broker's
     /// (its management API answered).
     pub bindings_checked: bool,
+    /// Payments and refunds whose latest request's outcome is unknown
+    /// (payments' database).
+    pub in_doubt: Option<sources::InDoubt>,
     /// What needs an operator, one sentence each; empty when all is well.
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -37,18 +42,7 @@ pub struct OutboxLine {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ConnectionsLine {
-    #[sqlx(skip)]
-    pub service: String,
-    /// Sessions on this service's database (every role, every replica).
-    pub database: i64,
-    /// Client sessions on the whole server.
-    pub server: i64,
-    /// What the server lets non-superusers open.
-    pub server_max: i64,
-}
-
+pub use super::connections::ConnectionsLine;
 pub use super::stuck::WorkInFlight;
 
 #[derive(Debug, Clone, Serialize)]
@@ -82,35 +76,40 @@ pub async fn admission(
         let (table, in_flight, since) = (w.table, w.in_flight, w.since);
         let sql = format!(
             "SELECT tenant_id, count(*) FILTER (WHERE {since} > now() - make_interval(secs => $1)),
-                    count(*) FILTER (WHERE {since} <= now() - make_interval(secs => $1))
+                    count(*) FILTER (WHERE {since} <= now() - make_interval(secs => $1)),
+                    min({since}) FILTER (WHERE {since} <= now() - make_interval(secs => $1))
              FROM {table} WHERE {in_flight} GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT {ADMISSION_TOP}"
         );
-        let rows: Vec<(i64, i64, i64)> = match sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(limits.stuck_after.as_secs_f64())
-            .fetch_all(pool)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                let problem = format!("{}: work in flight not counted: {e}", w.service);
-                status.problems.push(problem);
-                continue;
-            }
-        };
-        for (tenant_id, in_flight, stuck) in rows {
+        let rows: Vec<(i64, i64, i64, Option<DateTime<Utc>>)> =
+            match sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(limits.stuck_after.as_secs_f64())
+                .fetch_all(pool)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    let problem = format!("{}: work in flight not counted: {e}", w.service);
+                    status.problems.push(problem.into());
+                    continue;
+                }
+            };
+        for (tenant_id, in_flight, stuck, stuck_since) in rows {
             let bound = TenantId::new(tenant_id).map_or(limits.default, |t| limits.bound(t));
             if stuck > 0 {
-                status.problems.push(format!(
+                let problem = format!(
                     "{}: tenant {tenant_id} has {stuck} order(s) undecided for over {} s: stuck, no longer counted against its bound (`reliability explain order`; runbook: \"Orders stay pending\")",
                     w.service,
                     limits.stuck_after.as_secs()
-                ));
+                );
+                status
+                    .problems
+                    .push(Problem::new(problem).since(stuck_since));
             }
             if bound > 0 && in_flight >= i64::from(bound) {
-                status.problems.push(format!(
+                status.problems.push(Problem::new(format!(
                     "{}: tenant {tenant_id} is at its admission bound ({in_flight} in flight of {bound}): its new work gets 429 until the pipeline decides some",
                     w.service
-                ));
+                )));
             }
             status.admission.push(AdmissionLine {
                 service: w.service.to_owned(),
@@ -121,20 +120,6 @@ pub async fn admission(
             });
         }
     }
-}
-
-/// Past this share of the server's connections, new pools will wait.
-const CONNECTIONS_PROBLEM_SHARE: f64 = 0.8;
-
-async fn connections(pool: &sqlx::PgPool) -> sqlx::Result<ConnectionsLine> {
-    sqlx::query_as(
-        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()) AS database,
-                (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS server,
-                current_setting('max_connections')::bigint
-                  - current_setting('superuser_reserved_connections')::bigint AS server_max",
-    )
-    .fetch_one(pool)
-    .await
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -149,6 +134,10 @@ pub struct ConsumerLine {
     pub dlq: Option<u32>,
     /// Ordered subscriptions: aggregates parked, waiting for an operator.
     pub parked: Option<i64>,
+    /// When the oldest of its recorded dead letters and parked aggregates
+    /// was set aside.
+    pub dlq_since: Option<DateTime<Utc>>,
+    pub parked_since: Option<DateTime<Utc>>,
     pub last_applied_at: Option<DateTime<Utc>>,
     pub applied: Option<i64>,
     pub error: Option<String>,
@@ -166,6 +155,9 @@ const OUTBOX_LAG_PROBLEM_SECS: f64 = 60.0;
 /// How far back a failed refund is a problem: a day, so the morning's
 /// look sees the night's.
 const REFUNDS_FAILED_WINDOW_SECS: f64 = 24.0 * 3600.0;
+/// Past this age, a payment or refund in doubt is a problem: the worker's
+/// look-ups by key settle one within the provider's grace (minutes).
+const IN_DOUBT_PROBLEM_SECS: f64 = 600.0;
 
 pub async fn status(estate: &Estate) -> Status {
     let mut problems = Vec::new();
@@ -182,20 +174,22 @@ pub async fn status(estate: &Estate) -> Status {
             Err(e) => (None, Some(e.to_string())),
         };
         match (&status, &error) {
-            (_, Some(e)) => problems.push(format!("{service}: database unreachable: {e}")),
+            (_, Some(e)) => problems.push(format!("{service}: database unreachable: {e}").into()),
             (Some(s), None) => {
                 if s.dlq > 0 {
-                    problems.push(format!(
+                    let problem = format!(
                         "{service}: {} outbox row(s) in the DLQ table (reliability outbox dlq list --service {service})",
                         s.dlq
-                    ));
+                    );
+                    problems.push(Problem::new(problem).since(s.dlq_oldest_at));
                 }
                 if s.oldest_pending_seconds.unwrap_or(0.0) > OUTBOX_LAG_PROBLEM_SECS {
-                    problems.push(format!(
+                    let problem = format!(
                         "{service}: {} row(s) pending, the oldest {:.0} s: is its relay running?",
                         s.pending,
                         s.oldest_pending_seconds.unwrap_or(0.0)
-                    ));
+                    );
+                    problems.push(Problem::new(problem).for_seconds(s.oldest_pending_seconds));
                 }
             }
             (None, None) => {}
@@ -208,11 +202,12 @@ pub async fn status(estate: &Estate) -> Status {
         if let Ok(steps) = maintenance::last_runs(pool).await {
             for run in steps {
                 if run.last_failure_at > run.last_success_at {
-                    problems.push(format!(
+                    let problem = format!(
                         "{service}: maintenance step {} failed last: {}",
                         run.step,
                         run.last_error.as_deref().unwrap_or("?")
-                    ));
+                    );
+                    problems.push(Problem::new(problem).since(run.last_failure_at));
                 }
                 runs.push(MaintenanceLine {
                     service: service.clone(),
@@ -225,35 +220,37 @@ pub async fn status(estate: &Estate) -> Status {
     for sub in estate.subscriptions {
         let line = consumer_line(estate, sub).await;
         if let Some(e) = &line.error {
-            problems.push(format!("{}: {e}", line.consumer));
+            problems.push(format!("{}: {e}", line.consumer).into());
         }
         if line.dlq.unwrap_or(0) > 0 {
-            problems.push(format!(
+            let problem = format!(
                 "{}: {} dead-lettered message(s) (reliability queue dlq list {})",
                 line.consumer,
                 line.dlq.unwrap_or(0),
                 line.queue
-            ));
+            );
+            problems.push(Problem::new(problem).since(line.dlq_since));
         }
         if let Some(parked) = line.parked.filter(|n| *n > 0) {
-            problems.push(format!(
+            let problem = format!(
                 "{}: {parked} aggregate(s) parked (reliability park list --consumer {})",
                 line.consumer, line.consumer
-            ));
+            );
+            problems.push(Problem::new(problem).since(line.parked_since));
         }
         if line.consumers == Some(0) && line.ready.unwrap_or(0) > 0 {
-            problems.push(format!(
+            problems.push(Problem::new(format!(
                 "{}: {} message(s) waiting and no consumer attached",
                 line.consumer,
                 line.ready.unwrap_or(0)
-            ));
+            )));
         }
         consumers.push(line);
     }
     let missing = super::management::missing(estate).await;
     let bindings_checked = missing.is_some();
-    problems.extend(missing.unwrap_or_default());
-    problems.extend(connections_problem(&conns));
+    problems.extend(missing.unwrap_or_default().into_iter().map(Problem::from));
+    problems.extend(connections_problem(&conns).map(Problem::from));
     let refunds_failed = match estate.database(contracts::source::PAYMENTS) {
         Some(pool) => sources::failed_refunds(pool, REFUNDS_FAILED_WINDOW_SECS)
             .await
@@ -261,11 +258,28 @@ pub async fn status(estate: &Estate) -> Status {
         None => None,
     };
     if let Some(failed) = refunds_failed.as_ref().filter(|f| f.count > 0) {
-        problems.push(format!(
+        let problem = format!(
             "payments: {} refund(s) ended failed in the last 24 h, the latest: {} (runbook: \"A payment or refund is stuck pending\")",
             failed.count,
             failed.latest_error.as_deref().unwrap_or("?")
-        ));
+        );
+        problems.push(Problem::new(problem).for_seconds(failed.first_seconds_ago));
+    }
+    let in_doubt = match estate.database(contracts::source::PAYMENTS) {
+        Some(pool) => sources::in_doubt(pool).await.ok(),
+        None => None,
+    };
+    if let Some(d) = in_doubt
+        .as_ref()
+        .filter(|d| d.oldest_seconds_ago.unwrap_or(0.0) > IN_DOUBT_PROBLEM_SECS)
+    {
+        let problem = format!(
+            "payments: {} payment(s) and {} refund(s) in doubt, the oldest request sent {:.0} s ago: the provider's look-ups by key have not settled them (runbook: \"A payment or refund is stuck pending\")",
+            d.payments,
+            d.refunds,
+            d.oldest_seconds_ago.unwrap_or(0.0)
+        );
+        problems.push(Problem::new(problem).for_seconds(d.oldest_seconds_ago));
     }
     Status {
         outbox,
@@ -274,6 +288,7 @@ pub async fn status(estate: &Estate) -> Status {
         maintenance: runs,
         admission: Vec::new(),
         refunds_failed,
+        in_doubt,
         bindings_checked,
         problems,
     }
@@ -306,13 +321,25 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
         if let Ok((at, applied)) = progress {
             (line.last_applied_at, line.applied) = (at, applied);
         }
+        // A cause outlives its letter once the letter is re-driven and
+        // applied: the oldest cause of an event not applied is the DLQ's age.
+        let since = sqlx::query_scalar(
+            "SELECT min(c.dead_lettered_at) FROM dead_letter_causes c
+             WHERE c.consumer = $1 AND NOT EXISTS (
+               SELECT 1 FROM processed_messages p
+               WHERE (p.tenant_id, p.consumer, p.source, p.message_id)
+                   = (c.tenant_id, c.consumer, c.source, c.message_id))",
+        );
+        line.dlq_since = since.bind(consumer).fetch_one(pool).await.ok().flatten();
         if sub.is_ordered() {
-            line.parked =
-                sqlx::query_scalar("SELECT count(*) FROM parked_aggregates WHERE consumer = $1")
-                    .bind(consumer)
-                    .fetch_one(pool)
-                    .await
-                    .ok();
+            let parked: Option<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
+                "SELECT count(*), min(parked_at) FROM parked_aggregates WHERE consumer = $1",
+            )
+            .bind(consumer)
+            .fetch_one(pool)
+            .await
+            .ok();
+            (line.parked, line.parked_since) = (parked.map(|p| p.0), parked.and_then(|p| p.1));
         }
     }
     if let Some(conn) = &estate.broker {
@@ -344,48 +371,4 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
         }
     }
     line
-}
-
-/// The server's connections near its limit, said once: the services
-/// usually share one server.
-fn connections_problem(lines: &[ConnectionsLine]) -> Option<String> {
-    let busiest = lines.iter().max_by_key(|c| c.server)?;
-    (busiest.server_max > 0
-        && busiest.server as f64 >= CONNECTIONS_PROBLEM_SHARE * busiest.server_max as f64)
-        .then(|| {
-            format!(
-                "PostgreSQL: {} of {} connections in use: new pools will time out (runbook: pool exhaustion)",
-                busiest.server, busiest.server_max
-            )
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(service: &str, server: i64) -> ConnectionsLine {
-        ConnectionsLine {
-            service: service.into(),
-            database: 1,
-            server,
-            server_max: 97,
-        }
-    }
-
-    #[test]
-    fn a_server_near_its_connection_limit_is_named_once() {
-        assert_eq!(
-            connections_problem(&[line("orders", 10), line("payments", 77)]),
-            None
-        );
-        let at_80 = connections_problem(&[line("orders", 78), line("payments", 78)]);
-        assert_eq!(
-            at_80.as_deref(),
-            Some(
-                "PostgreSQL: 78 of 97 connections in use: new pools will time out (runbook: pool exhaustion)"
-            )
-        );
-        assert_eq!(connections_problem(&[]), None);
-    }
 }

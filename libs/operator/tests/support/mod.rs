@@ -27,6 +27,7 @@ pub async fn serve(
         // Nothing listens there: the order page says so and goes on.
         psp_url: "http://127.0.0.1:9".into(),
         roles,
+        samples: Default::default(),
         limits: service_kit::admission::AdmissionLimits::parse(1000, "", Default::default())
             .unwrap(),
     };
