@@ -31,6 +31,8 @@ pub struct Stack {
     pub psp_url: String,
     pub dbs: Dbs,
     pub common: CommonSettings,
+    /// Each service's ops port (`/readyz`, `/metrics`): all of its roles.
+    pub ops_ports: Vec<(&'static str, u16)>,
     stop: ShutdownToken,
 }
 
@@ -119,6 +121,13 @@ impl Stack {
             stop.clone(),
         )
         .await?;
+        let ops_ports = vec![
+            (orders::SERVICE.name, o.ops_port()),
+            (inventory::SERVICE.name, i.ops_port()),
+            (payments::SERVICE.name, p.ops_port()),
+            (projection::SERVICE.name, v.ops_port()),
+            (graph::SERVICE.name, g.ops_port()),
+        ];
         let stack = Self {
             orders: ApiClient::new(o.port(), jwt.clone()),
             inventory: ApiClient::new(i.port(), jwt.clone()),
@@ -129,6 +138,7 @@ impl Stack {
             psp_url,
             dbs,
             common,
+            ops_ports,
             stop,
         };
         tokio::spawn(o.run_until_stopped());

@@ -4,30 +4,12 @@
 use std::time::Duration;
 
 use e2e::Stack;
-use operator::ops::{self, explain, status};
+use operator::ops::{explain, status};
 use reliability::TenantId;
+use support::estate;
 use testkit::wait_until;
 
-async fn estate(stack: &Stack) -> ops::Estate {
-    ops::Estate {
-        databases: vec![
-            ("orders".into(), stack.dbs.orders.owner.clone()),
-            ("inventory".into(), stack.dbs.inventory.owner.clone()),
-            ("payments".into(), stack.dbs.payments.owner.clone()),
-            ("projection".into(), stack.dbs.projection.owner.clone()),
-        ],
-        broker: Some(
-            reliability::broker::connect(&stack.common.amqp_url, "operator-test")
-                .await
-                .unwrap(),
-        ),
-        queue_prefix: stack.common.queue_prefix.clone(),
-        exchange: stack.common.exchange.clone(),
-        subscriptions: contracts::topology::ALL,
-        ordered_partitions: String::new(),
-        management_url: None,
-    }
-}
+mod support;
 
 const ORDER_TABLES: &[(&str, &str)] = &[
     ("orders", "orders"),
@@ -234,4 +216,16 @@ async fn explain_follows_an_order_through_every_service_and_names_where_it_is_st
         .unwrap();
     assert!(projection.applied.unwrap_or(0) >= 4, "{projection:?}");
     stack.stop().await;
+}
+
+/// The console reads these series from the services' `/metrics` by name.
+#[test]
+fn the_console_reads_the_series_the_services_write() {
+    use operator::ops::scrape;
+    assert!(payments::reconcile::MISMATCHES.ends_with(scrape::FINDINGS_SUFFIX));
+    assert!(payments::reconcile::REPAIRS.ends_with(scrape::REPAIRS_SUFFIX));
+    assert!(projection::verify::DIFFERENCES.ends_with(scrape::DRIFT_SUFFIX));
+    let age = reliability::metrics::CONSUMER_EVENT_AGE;
+    assert_eq!(format!("{age}_sum"), scrape::EVENT_AGE_SUM);
+    assert_eq!(format!("{age}_count"), scrape::EVENT_AGE_COUNT);
 }

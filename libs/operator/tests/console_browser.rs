@@ -8,41 +8,17 @@
 //! fails.
 
 use std::path::Path;
-use std::process::Command;
 
 use operator::console::Auth;
-use testkit::{DEADLINE, TestDb, wait_until};
+use testkit::{DEADLINE, TestDb, browser, wait_until};
 
 mod support;
 
 const TOKEN: &str = "browser-test-token";
 
-/// What the browser needs, or why it cannot run.
-fn browser() -> Result<(), String> {
-    let modules =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/node_modules/playwright-core");
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    if !Path::new(&chromium).exists() {
-        return Err(format!("no chromium at {chromium}"));
-    }
-    if !modules.exists() {
-        return Err("no playwright-core in libs/operator/tests/browser/node_modules".into());
-    }
-    Command::new("node")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("no node: {e}"))?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_order_in_chromium() {
-    if let Err(why) = browser() {
-        assert!(
-            std::env::var("CONSOLE_BROWSER_TESTS").as_deref() != Ok("required"),
-            "{why}: CI runs the browser tests (scripts/browser.sh installs what they need)"
-        );
-        eprintln!("skipped: {why} (scripts/browser.sh installs it)");
+    if !browser::available() {
         return;
     }
     let db = TestDb::new().await;
@@ -81,24 +57,10 @@ async fn an_operator_signs_in_re_drives_a_group_skips_and_unparks_and_reads_an_o
 
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
-    // Bounded by coreutils' timeout: the run is a child of a blocking
-    // thread, and Playwright bounds each of its steps at 30 s.
-    let url_ = url.clone();
-    let shots_ = shots.display().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("timeout")
-            .args(["120", "node", "console.mjs", &url_, TOKEN, &shots_])
-            .current_dir(dir)
-            .output()
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let args = vec![url, TOKEN.into(), shots.display().to_string()];
+    let (passed, said) = browser::run("console.mjs", args, 120).await;
     assert!(
-        out.status.success(),
+        passed,
         "the browser run failed (screenshots in {}):\n{said}",
         shots.display()
     );

@@ -17,6 +17,8 @@ use sqlx::{Executor, PgPool};
 
 use reliability::db;
 
+pub mod browser;
+
 mod broker;
 pub use broker::Broker;
 

@@ -153,7 +153,7 @@ fn findings_problems(latest: &Sample) -> Vec<Problem> {
             .sum();
         if n > repaired {
             found.push(Problem::new(format!(
-                "{service}: reconciliation found {:.0} {kind} it could not repair, since its process started: for a person (runbook: \"Reconciliation reports a mismatch\")",
+                "{service}: reconciliation found {:.0} {kind} it could not repair, since its process started: for a person (runbook: \"Reconciliation found a mismatch\")",
                 n - repaired
             )));
         }
