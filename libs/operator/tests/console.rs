@@ -361,7 +361,12 @@ async fn a_parked_aggregate_is_skipped_only_as_shown_and_unparked_once() {
 /// (pending a moment).
 #[tokio::test]
 async fn the_stuck_page_lists_orders_pending_past_the_bound_with_their_story() {
-    let (db, estate) = estate().await;
+    let (db, mut estate) = estate().await;
+    static VIEWS: &[contracts::topology::Subscription] = &[contracts::topology::Subscription::new(
+        "orders.views",
+        &["orders.*"],
+    )];
+    estate.subscriptions = VIEWS;
     let url = spawn(estate, Auth::none(), true).await;
     let page = client()
         .get(format!("{url}/stuck"))
@@ -377,6 +382,12 @@ async fn the_stuck_page_lists_orders_pending_past_the_bound_with_their_story() {
     );
     assert!(!page.contains("id=43") && !page.contains("id=44"), "{page}");
     assert!(page.contains("60 min"), "{page}");
+    assert!(
+        page.contains(
+            "OrderPlaced orders#900 is not published for orders.views: in the outbox DLQ table"
+        ),
+        "where it waits: {page}"
+    );
     db.cleanup().await;
 }
 
