@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
 
 pub mod console;
+pub mod dlq;
 pub mod ops;

@@ -88,9 +88,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match command {
         QueueCommand::Dlq { command } => match command {
-            QueueDlq::List { queue, limit } => {
-                print(json, &broker::peek_dead_letters(conn, &queue, limit).await?)
-            }
+            QueueDlq::List { queue, limit } => print(
+                json,
+                &operator::dlq::peek_dead_letters(conn, &queue, limit).await?,
+            ),
             QueueDlq::Redrive {
                 queue,
                 limit,
@@ -99,7 +100,7 @@ pub async fn run(
                 confirm,
             } => {
                 let dlq = broker::dead_letter_queue(&queue);
-                let filter = broker::DeadLetterFilter {
+                let filter = operator::dlq::DeadLetterFilter {
                     message_id,
                     event_type,
                     message_ids: None,
@@ -111,7 +112,7 @@ pub async fn run(
                 let matching = if filter.message_id.is_none() && filter.event_type.is_none() {
                     present
                 } else {
-                    broker::peek_dead_letters(conn, &queue, present)
+                    operator::dlq::peek_dead_letters(conn, &queue, present)
                         .await?
                         .iter()
                         .filter(|l| filter.matches(l))
@@ -121,7 +122,8 @@ pub async fn run(
                 let action = format!("move {matched} message(s) from {dlq} onto {queue}");
                 let changed = match confirm.proceed(&action)? {
                     true => {
-                        broker::redrive_dead_letters(conn, &queue, limit, &filter).await? as u64
+                        operator::dlq::redrive_dead_letters(conn, &queue, limit, &filter).await?
+                            as u64
                     }
                     false => 0,
                 };
@@ -132,7 +134,7 @@ pub async fn run(
                 let matched = depth(conn, &dlq).await?.unwrap_or(0);
                 let action = format!("delete {matched} message(s) of {dlq} for good");
                 let changed = match confirm.proceed(&action)? {
-                    true => u64::from(broker::purge_dead_letters(conn, &queue).await?),
+                    true => u64::from(operator::dlq::purge_dead_letters(conn, &queue).await?),
                     false => 0,
                 };
                 done(json, action, u64::from(matched), changed, confirm)

@@ -12,16 +12,12 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use crate::{Error, Result};
 
-mod dead_letters;
-pub(crate) use dead_letters::returns;
 mod publish;
+mod queues;
 mod topology;
 
-pub use dead_letters::{
-    DeadLetter, DeadLetterFilter, drop_dead_letters, inspect_queue, peek_dead_letters,
-    purge_dead_letters, queue_depth, redrive_dead_letters,
-};
 pub use publish::{Outgoing, PublishFailure, Publisher, Sent};
+pub use queues::{inspect_queue, queue_depth, returns};
 pub use topology::{
     PARTITION_HEADER, QueueSpec, Subscription, dead_letter_exchange, dead_letter_queue,
     declare_exchange, declare_queue, declare_topology, partitions_override, require_queues,

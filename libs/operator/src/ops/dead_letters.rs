@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use reliability::{Error, Result, broker};
+use reliability::{Error, Result};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -100,7 +100,7 @@ fn shape(error: &str) -> String {
 /// largest first.
 pub async fn grouped(estate: &Estate, consumer: &str) -> Result<Vec<Group>> {
     let conn = broker_of(estate)?;
-    let letters = broker::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
+    let letters = crate::dlq::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
     let ids: Vec<(String, i64)> = letters
         .iter()
         .filter_map(|l| l.message_id.as_deref()?.rsplit_once(':'))
@@ -148,11 +148,11 @@ pub async fn grouped(estate: &Estate, consumer: &str) -> Result<Vec<Group>> {
 /// fewer than asked when some had gone (re-driven by another operator).
 pub async fn redrive(estate: &Estate, consumer: &str, ids: Option<Vec<String>>) -> Result<usize> {
     let conn = broker_of(estate)?;
-    let filter = broker::DeadLetterFilter {
+    let filter = crate::dlq::DeadLetterFilter {
         message_ids: ids,
         ..Default::default()
     };
-    broker::redrive_dead_letters(conn, &estate.queue(consumer), usize::MAX, &filter).await
+    crate::dlq::redrive_dead_letters(conn, &estate.queue(consumer), usize::MAX, &filter).await
 }
 
 /// Letter `id` of `consumer`'s DLQ, as it is there now, if it still is.
@@ -160,9 +160,9 @@ pub async fn letter(
     estate: &Estate,
     consumer: &str,
     id: &str,
-) -> Result<Option<broker::DeadLetter>> {
+) -> Result<Option<crate::dlq::DeadLetter>> {
     let conn = broker_of(estate)?;
-    let letters = broker::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
+    let letters = crate::dlq::peek_dead_letters(conn, &estate.queue(consumer), PEEK).await?;
     Ok(letters
         .into_iter()
         .find(|l| l.message_id.as_deref() == Some(id)))
@@ -172,11 +172,11 @@ pub async fn letter(
 /// the DLQ's age no longer counts it); 0 when it had gone.
 pub async fn drop(estate: &Estate, consumer: &str, id: &str) -> Result<usize> {
     let conn = broker_of(estate)?;
-    let filter = broker::DeadLetterFilter {
+    let filter = crate::dlq::DeadLetterFilter {
         message_id: Some(id.to_owned()),
         ..Default::default()
     };
-    let dropped = broker::drop_dead_letters(conn, &estate.queue(consumer), &filter).await?;
+    let dropped = crate::dlq::drop_dead_letters(conn, &estate.queue(consumer), &filter).await?;
     if let Some(pool) = estate.consumer_db(consumer)
         && let Some((source, n)) = id.split_once(':')
         && let Ok(n) = n.parse::<i64>()

@@ -339,7 +339,7 @@ async fn dead_lettered(estate: &Estate, consumer: &str, source: &str, id: i64) -
         return false;
     };
     let wanted = format!("{source}:{id}");
-    broker::peek_dead_letters(conn, &estate.queue(consumer), 1000)
+    crate::dlq::peek_dead_letters(conn, &estate.queue(consumer), 1000)
         .await
         .is_ok_and(|letters| {
             letters

@@ -18,7 +18,6 @@ use crate::support::{
 
 mod failures;
 mod lost_link;
-mod redrive;
 
 async fn setup() -> (TestDb, Broker, ConsumerConfig) {
     let db = TestDb::new().await;

@@ -138,7 +138,8 @@ pub async fn poison(run: &mut Run, tenant: i64) -> Outcome {
         ));
     }
     let conn = broker::connect(&amqp_url(), "e2e-peek").await?;
-    let left = broker::peek_dead_letters(&conn, &format!("{PREFIX}{PROJECTION}"), 10).await?;
+    let left =
+        operator::dlq::peek_dead_letters(&conn, &format!("{PREFIX}{PROJECTION}"), 10).await?;
     broker::bounded(conn.close(200, "peeked".into())).await?;
     let mut left: Vec<String> = left.into_iter().filter_map(|d| d.message_id).collect();
     left.sort();

@@ -1,16 +1,19 @@
 //! Dead-lettered messages as operators handle them (`reliability queue
-//! dlq …`), and passive looks at a queue's depth.
+//! dlq …`, the console's dead letters): peeked, re-driven in order,
+//! dropped or purged, over RabbitMQ.
 
 use lapin::options::{
     BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueDeclareOptions,
+    ExchangeDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Confirmation, Connection, ExchangeKind};
 
-use crate::{Error, Result};
+use reliability::{Error, Result};
 
-use super::{PARTITION_HEADER, bounded, dead_letter_queue};
+use reliability::broker::{
+    PARTITION_HEADER, bounded, dead_letter_queue, inspect_queue, queue_depth, returns,
+};
 
 mod filter;
 pub use filter::DeadLetterFilter;
@@ -87,23 +90,6 @@ pub async fn peek_dead_letters(
 /// drop it. (Declaring DLQs with a limit of their own is refused for those
 /// that exist: the limit is an argument a queue keeps.)
 const WORN: i64 = 10;
-
-/// The times the broker says this message was handed back
-/// (`x-delivery-count`; absent before the first return).
-pub(crate) fn returns(props: &lapin::BasicProperties) -> i64 {
-    let count = props
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get("x-delivery-count").cloned());
-    match count {
-        Some(AMQPValue::LongLongInt(n)) => n,
-        Some(AMQPValue::LongInt(n)) => n.into(),
-        Some(AMQPValue::LongUInt(n)) => n.into(),
-        Some(AMQPValue::ShortInt(n)) => n.into(),
-        Some(AMQPValue::ShortUInt(n)) => n.into(),
-        _ => 0,
-    }
-}
 
 /// Moves the `count` messages at the head of `dlq` to its tail as fresh
 /// copies: the order is kept and each one's delivery count starts again.
@@ -307,16 +293,6 @@ async fn take_dead_letters(
     Ok(moved)
 }
 
-/// A queue's ready messages and attached consumers, looked at on a channel
-/// of its own, since a failed passive declare (no such queue) closes its
-/// channel. Bounded like every broker call.
-pub async fn inspect_queue(connection: &Connection, queue: &str) -> Result<(u32, u32)> {
-    let channel = bounded(connection.create_channel()).await?;
-    let q = bounded(passive_declare(&channel, queue)).await?;
-    let _ = bounded(channel.close(200, "looked".into())).await;
-    Ok((q.message_count(), q.consumer_count()))
-}
-
 /// `<queue>.partitions`, if `queue` is an ordered subscription's (the
 /// exchange exists: passive declare, on a channel of its own, since a
 /// failed one closes its channel).
@@ -350,21 +326,6 @@ fn is_not_found(e: &lapin::Error) -> bool {
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
     matches!(e.kind(), lapin::ErrorKind::ProtocolError(p)
         if matches!(p.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
-}
-
-/// Messages waiting in `queue` (passive declare: fails if it does not exist).
-pub async fn queue_depth(channel: &Channel, queue: &str) -> Result<u32> {
-    Ok(passive_declare(channel, queue).await?.message_count())
-}
-
-async fn passive_declare(channel: &Channel, queue: &str) -> lapin::Result<lapin::Queue> {
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.into(), options, FieldTable::default())
-        .await
 }
 
 fn death_reason(headers: Option<&FieldTable>) -> Option<String> {

@@ -2,9 +2,9 @@
 //! others stay in the dead-letter queue, in their order.
 
 use lapin::BasicProperties;
-use reliability::broker::{self, DeadLetterFilter};
-
-use crate::support::Broker;
+use operator::dlq::{self, DeadLetterFilter};
+use reliability::broker;
+use testkit::Broker;
 
 /// A consumer queue whose DLQ holds `letters` (message id, event type), in
 /// that order: the broker, the queue and its DLQ.
@@ -24,14 +24,14 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         ("svc:4", "B"),
     ])
     .await;
-    let ids = |letters: Vec<broker::DeadLetter>| -> Vec<String> {
+    let ids = |letters: Vec<dlq::DeadLetter>| -> Vec<String> {
         letters.into_iter().filter_map(|l| l.message_id).collect()
     };
 
     // What a filter matches, looked at first, moves nothing (the CLI's
     // `queue dlq redrive --dry-run` prints this count: operator's tests).
     let matching = async |filter: DeadLetterFilter| {
-        broker::peek_dead_letters(&broker.conn, &queue, 10)
+        dlq::peek_dead_letters(&broker.conn, &queue, 10)
             .await
             .unwrap()
             .iter()
@@ -56,13 +56,13 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         ..Default::default()
     };
     assert_eq!(
-        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &one)
+        dlq::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &one)
             .await
             .unwrap(),
         1
     );
     assert_eq!(broker.depth(&queue).await, 1);
-    let left = broker::peek_dead_letters(&broker.conn, &queue, 10)
+    let left = dlq::peek_dead_letters(&broker.conn, &queue, 10)
         .await
         .unwrap();
     assert_eq!(ids(left), ["svc:1", "svc:3", "svc:4"]);
@@ -72,13 +72,13 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         ..Default::default()
     };
     assert_eq!(
-        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &group)
+        dlq::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &group)
             .await
             .unwrap(),
         2
     );
     assert_eq!(broker.depth(&queue).await, 3);
-    let left = broker::peek_dead_letters(&broker.conn, &queue, 10)
+    let left = dlq::peek_dead_letters(&broker.conn, &queue, 10)
         .await
         .unwrap();
     assert_eq!(ids(left), ["svc:4"]);
@@ -88,7 +88,7 @@ async fn dead_letters_are_re_driven_one_by_one_or_by_event_type_and_the_rest_kee
         ..Default::default()
     };
     assert_eq!(
-        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &none)
+        dlq::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &none)
             .await
             .unwrap(),
         0
@@ -110,12 +110,12 @@ async fn looking_at_a_dead_letter_more_often_than_any_delivery_limit_loses_nothi
         ..Default::default()
     };
     for look in 1..=30 {
-        let seen = broker::peek_dead_letters(&broker.conn, &queue, 10)
+        let seen = dlq::peek_dead_letters(&broker.conn, &queue, 10)
             .await
             .unwrap();
         let ids: Vec<_> = seen.into_iter().filter_map(|l| l.message_id).collect();
         assert_eq!(ids, ["svc:1", "svc:2"], "look {look}: both, in order");
-        let moved = broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &nothing)
+        let moved = dlq::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &nothing)
             .await
             .unwrap();
         assert_eq!(moved, 0);
@@ -123,7 +123,7 @@ async fn looking_at_a_dead_letter_more_often_than_any_delivery_limit_loses_nothi
     assert_eq!(broker.depth(&dlq).await, 2);
     let all = DeadLetterFilter::default();
     assert_eq!(
-        broker::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &all)
+        dlq::redrive_dead_letters(&broker.conn, &queue, usize::MAX, &all)
             .await
             .unwrap(),
         2
@@ -167,7 +167,7 @@ async fn an_ordered_subscriptions_dead_letters_are_re_driven_to_its_partitions()
         .await;
 
     let moved =
-        broker::redrive_dead_letters(&broker.conn, &spec.queue, 10, &DeadLetterFilter::default())
+        dlq::redrive_dead_letters(&broker.conn, &spec.queue, 10, &DeadLetterFilter::default())
             .await
             .unwrap();
     assert_eq!(moved, 1);
