@@ -23,6 +23,7 @@ use crate::health::Health;
 use crate::trace::Span;
 use crate::{Error, Result};
 
+mod claim;
 mod order;
 mod publish;
 mod record;

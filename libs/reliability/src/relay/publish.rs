@@ -28,35 +28,37 @@ impl Relay {
         // returned): check first; the reconnect declares it again.
         publisher.require_queues(&self.config.topology).await?;
         let tx = self.pool.begin().await?;
-        match self.claim_and_send(tx, publisher).await? {
+        match self.claim_and_send(tx, publisher, None).await? {
             Some(batch) => self.settle(batch).await,
             None => Ok(BatchReport::default()),
         }
     }
 
-    /// Claims a batch in `tx` (which stays open, holding the rows) and
-    /// publishes it without waiting for the confirms. None: nothing is due.
+    /// Claims, publishes and marks the rows of `ids` still unpublished and
+    /// due, as one batch (the log relay's: the ids a log of the outbox's
+    /// commits showed it). Rows published already, or held by another
+    /// relay, are left alone: naming a row twice publishes it once.
+    #[tracing::instrument(skip_all, fields(source = %self.config.source, named = ids.len()))]
+    pub async fn relay_ids(&self, publisher: &Publisher, ids: &[i64]) -> Result<BatchReport> {
+        publisher.require_queues(&self.config.topology).await?;
+        let tx = self.pool.begin().await?;
+        match self.claim_and_send(tx, publisher, Some(ids)).await? {
+            Some(batch) => self.settle(batch).await,
+            None => Ok(BatchReport::default()),
+        }
+    }
+
+    /// Claims a batch in `tx` (which stays open, holding the rows): the
+    /// due rows, or the `named` ones; and publishes it without waiting for
+    /// the confirms. None: nothing to publish.
     async fn claim_and_send(
         &self,
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
         publisher: &Publisher,
+        named: Option<&[i64]>,
     ) -> Result<Option<InFlight>> {
         let keeps_order = self.keeps_order();
-        let claim = if keeps_order {
-            order::CLAIM_IN_ORDER
-        } else {
-            "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-                    payload, headers, occurred_at, aggregate_seq
-             FROM outbox_messages
-             WHERE processed_at IS NULL AND available_at <= now()
-             ORDER BY id
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED"
-        };
-        let mut rows: Vec<Claimed> = sqlx::query_as(claim)
-            .bind(self.config.batch_size)
-            .fetch_all(&mut *tx)
-            .await?;
+        let mut rows = self.claim(&mut tx, named).await?;
         let claimed = rows.len();
         let mut held = 0;
         if keeps_order && !rows.is_empty() {
@@ -255,7 +257,7 @@ impl Relay {
                         None => break,
                     }
                 };
-                match self.claim_and_send(tx, publisher).await? {
+                match self.claim_and_send(tx, publisher, None).await? {
                     Some(batch) => {
                         more = batch.claimed as i64 == self.config.batch_size;
                         claimed += 1;
