@@ -51,6 +51,7 @@ test-rabbitmq4-full: ## make test, every test, on RabbitMQ 4.0 (part of make e2e
 
 test-clean: ## drop test databases and queues left by interrupted test runs
 	@if command -v psql >/dev/null; then \
+	  psql "$(DATABASE_URL)" -Atqc "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database LIKE 'reltest\_%' AND NOT active" >/dev/null; \
 	  psql "$(DATABASE_URL)" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'reltest\_%'" \
 	  | while read -r db; do psql "$(DATABASE_URL)" -qc "DROP DATABASE IF EXISTS $$db WITH (FORCE)"; done; \
 	fi

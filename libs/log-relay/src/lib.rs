@@ -1,0 +1,223 @@
+#![doc = include_str!("../README.md")]
+
+use std::time::Duration;
+
+use pg_walstream::{
+    CancellationToken, EventStream, EventType, LogicalReplicationStream, ReplicationStreamConfig,
+    StreamingMode,
+};
+use reliability::broker::Publisher;
+use reliability::relay::Relay;
+
+mod slot;
+
+pub use slot::{SlotStatus, slot_status};
+
+/// The publication of the outbox's inserts (reliability migration 0014).
+pub const PUBLICATION: &str = "reliability_outbox";
+/// The slot's name unless told: one per database, shared by its relays,
+/// of which PostgreSQL lets one read at a time.
+pub const DEFAULT_SLOT: &str = "reliability_outbox_relay";
+/// How long a batch waits for more commits before it is published: the
+/// latency a light load pays for the batches a heavy load gets.
+pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
+/// How often a relay that does not hold the slot asks for it again: how
+/// long the outbox waits, at most, after its reader died.
+pub const DEFAULT_STANDBY_RETRY: Duration = Duration::from_secs(1);
+/// With nothing to publish, how often the slot's position is moved to
+/// what has been read: the WAL of other tables' writes is then released.
+const IDLE_CONFIRM: Duration = Duration::from_secs(1);
+/// How often PostgreSQL hears the confirmed position.
+const FEEDBACK_EVERY: Duration = Duration::from_secs(1);
+/// The outbox table, as pgoutput names it.
+const OUTBOX: &str = "outbox_messages";
+
+/// Why a reading of the log stopped; the relay then reads again from the
+/// slot's confirmed position.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("replication: {0}")]
+    Replication(#[from] pg_walstream::ReplicationError),
+    #[error(transparent)]
+    Relay(#[from] reliability::Error),
+    #[error("an outbox insert without a readable id: {0}")]
+    Decode(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct LogRelayConfig {
+    /// A connection string of a role with REPLICATION on the outbox's
+    /// database (`replication=database` is added).
+    pub replication_url: String,
+    pub slot: String,
+    pub publication: String,
+    /// Rows per published batch, at most.
+    pub batch: usize,
+    pub linger: Duration,
+    pub standby_retry: Duration,
+}
+
+impl LogRelayConfig {
+    pub fn new(replication_url: &str) -> Self {
+        Self {
+            replication_url: replication_url.to_owned(),
+            slot: DEFAULT_SLOT.to_owned(),
+            publication: PUBLICATION.to_owned(),
+            batch: 200,
+            linger: DEFAULT_LINGER,
+            standby_retry: DEFAULT_STANDBY_RETRY,
+        }
+    }
+
+    fn connection_string(&self) -> String {
+        let sep = if self.replication_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        format!("{}{sep}replication=database", self.replication_url)
+    }
+}
+
+/// The log relay: learns which outbox rows committed, in commit order,
+/// from the slot, and publishes them through `relay` (its confirms,
+/// numbering, retries and DLQ), then confirms the slot past them.
+pub struct LogRelay {
+    relay: Relay,
+    config: LogRelayConfig,
+}
+
+/// Commits read and not yet published: their rows, and where the last one
+/// ends in the log.
+#[derive(Default)]
+struct Pending {
+    ids: Vec<i64>,
+    end_lsn: u64,
+}
+
+impl LogRelay {
+    pub fn new(relay: Relay, config: LogRelayConfig) -> Self {
+        Self { relay, config }
+    }
+
+    /// Reads the log until `shutdown`: holding the slot, or waiting for it
+    /// while another relay holds it. Any failure reads again from the
+    /// slot's confirmed position, which replays what was not confirmed;
+    /// a replayed row already published is not claimed again.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        loop {
+            let read = async {
+                let publisher = self.relay.publisher().await?;
+                self.read(&publisher, &shutdown).await
+            };
+            let failed = tokio::select! {
+                () = shutdown.cancelled() => return,
+                r = read => match r {
+                    Ok(()) => return,
+                    Err(e) => e,
+                },
+            };
+            tracing::info!(slot = %self.config.slot, error = %failed, "not reading the outbox's log; asking again");
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.config.standby_retry) => {}
+            }
+        }
+    }
+
+    /// Holds the slot and publishes what it shows, until `shutdown`.
+    async fn read(&self, publisher: &Publisher, shutdown: &CancellationToken) -> Result<(), Error> {
+        let config = ReplicationStreamConfig::builder(&self.config.slot, &self.config.publication)
+            .with_protocol_version(1)
+            .with_streaming_mode(StreamingMode::Off)
+            .with_feedback_interval(FEEDBACK_EVERY);
+        let mut stream =
+            LogicalReplicationStream::new(&self.config.connection_string(), config).await?;
+        // Refused while another relay reads the slot (it is active): this
+        // one waits, and asks again.
+        stream.start(None).await?;
+        tracing::info!(slot = %self.config.slot, "reading the outbox's log");
+        let mut events = stream.into_stream(shutdown.clone());
+        let result = self.pump(&mut events, publisher).await;
+        let _ = events.shutdown().await;
+        result
+    }
+
+    async fn pump(&self, events: &mut EventStream, publisher: &Publisher) -> Result<(), Error> {
+        let mut pending = Pending::default();
+        let mut txn: Vec<i64> = Vec::new();
+        let mut in_txn = false;
+        loop {
+            let wait = if pending.ids.is_empty() {
+                IDLE_CONFIRM
+            } else {
+                self.config.linger
+            };
+            let event = match tokio::time::timeout(wait, events.next_event()).await {
+                Ok(event) => event?,
+                Err(_) if !pending.ids.is_empty() => {
+                    self.publish(events, publisher, &mut pending).await?;
+                    continue;
+                }
+                Err(_) => {
+                    if !in_txn {
+                        // Everything read is published: the slot may move.
+                        let read = events.current_lsn();
+                        confirm(events, read).await?;
+                    }
+                    continue;
+                }
+            };
+            match event.event_type {
+                EventType::Begin { .. } => {
+                    in_txn = true;
+                    txn.clear();
+                }
+                EventType::Insert { table, data, .. } if &*table == OUTBOX => {
+                    let id = data.get("id").and_then(|v| v.as_str());
+                    let id = id.and_then(|s| s.parse::<i64>().ok());
+                    txn.push(id.ok_or_else(|| Error::Decode(format!("{data:?}")))?);
+                }
+                EventType::Commit { end_lsn, .. } => {
+                    in_txn = false;
+                    pending.ids.append(&mut txn);
+                    pending.end_lsn = end_lsn.value();
+                    if pending.ids.len() >= self.config.batch {
+                        self.publish(events, publisher, &mut pending).await?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Publishes the pending rows, then confirms the slot past their
+    /// commits: only after the broker confirmed them (or the relay
+    /// recorded why not, for the polling relay to retry).
+    async fn publish(
+        &self,
+        events: &mut EventStream,
+        publisher: &Publisher,
+        pending: &mut Pending,
+    ) -> Result<(), Error> {
+        for ids in pending.ids.chunks(self.config.batch.max(1)) {
+            self.relay.relay_ids(publisher, ids).await?;
+        }
+        confirm(events, pending.end_lsn).await?;
+        *pending = Pending::default();
+        Ok(())
+    }
+}
+
+/// Confirms the slot up to `lsn` and tells PostgreSQL now: the library's
+/// own feedback goes out only every 128 frames read, which a quiet
+/// outbox may not see for minutes, holding WAL meanwhile.
+async fn confirm(events: &mut EventStream, lsn: u64) -> Result<(), Error> {
+    if events.get_feedback_lsn().1 >= lsn {
+        return Ok(());
+    }
+    events.update_flushed_lsn(lsn);
+    events.update_applied_lsn(lsn);
+    events.inner_mut().send_feedback().await?;
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! The slot as PostgreSQL sees it. A slot that nobody reads keeps every
+//! WAL segment from its position on: the disk fills unless
+//! `max_slot_wal_keep_size` bounds it (docs/adr/0038).
+
+use sqlx::PgPool;
+
+/// WAL the slot keeps (from its restart position to the server's end).
+pub const RETAINED_WAL: &str = "log_relay_slot_retained_wal_bytes";
+/// WAL written since the slot's confirmed position: the log relay's lag.
+pub const LAG: &str = "log_relay_slot_lag_bytes";
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SlotStatus {
+    /// A relay reads it now.
+    pub active: bool,
+    pub retained_wal_bytes: Option<i64>,
+    pub lag_bytes: Option<i64>,
+}
+
+/// The slot's status, `None` when it does not exist; sets the gauges.
+pub async fn slot_status(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotStatus>> {
+    let status: Option<SlotStatus> = sqlx::query_as(
+        "SELECT active,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_wal_bytes,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag_bytes
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(s) = &status {
+        let slot = slot.to_owned();
+        metrics::gauge!(RETAINED_WAL, "slot" => slot.clone())
+            .set(s.retained_wal_bytes.unwrap_or(0) as f64);
+        metrics::gauge!(LAG, "slot" => slot).set(s.lag_bytes.unwrap_or(0) as f64);
+    }
+    Ok(status)
+}
