@@ -11,13 +11,14 @@ use reliability::relay::Relay;
 
 mod slot;
 
-pub use slot::{SlotStatus, slot_status};
+pub use slot::{LAG, RETAINED_WAL, SlotStatus, slot_status, watch_slot};
 
 /// The publication of the outbox's inserts (reliability migration 0014).
 pub const PUBLICATION: &str = "reliability_outbox";
-/// The slot's name unless told: one per database, shared by its relays,
-/// of which PostgreSQL lets one read at a time.
-pub const DEFAULT_SLOT: &str = "reliability_outbox_relay";
+/// The slot's name unless told: this, then the database's name (slots
+/// are named across the server). One per database, shared by its
+/// relays, of which PostgreSQL lets one read at a time.
+pub const SLOT_PREFIX: &str = "outbox_relay_";
 /// How long a batch waits for more commits before it is published: the
 /// latency a light load pays for the batches a heavy load gets.
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(2);
@@ -61,7 +62,7 @@ impl LogRelayConfig {
     pub fn new(replication_url: &str) -> Self {
         Self {
             replication_url: replication_url.to_owned(),
-            slot: DEFAULT_SLOT.to_owned(),
+            slot: slot_for(replication_url),
             publication: PUBLICATION.to_owned(),
             batch: 200,
             linger: DEFAULT_LINGER,
@@ -69,7 +70,7 @@ impl LogRelayConfig {
         }
     }
 
-    fn connection_string(&self) -> String {
+    pub fn connection_string(&self) -> String {
         let sep = if self.replication_url.contains('?') {
             '&'
         } else {
@@ -77,6 +78,24 @@ impl LogRelayConfig {
         };
         format!("{}{sep}replication=database", self.replication_url)
     }
+}
+
+/// [`SLOT_PREFIX`] and the database `url` names, as a slot may be named:
+/// lower-case letters, digits and `_`, at most 63 bytes.
+pub fn slot_for(url: &str) -> String {
+    let path = url.split('?').next().unwrap_or(url);
+    let database = path.rsplit_once('/').map_or("", |(_, db)| db);
+    let name: String = format!("{SLOT_PREFIX}{database}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.chars().take(63).collect()
 }
 
 /// The log relay: learns which outbox rows committed, in commit order,
@@ -220,4 +239,15 @@ async fn confirm(events: &mut EventStream, lsn: u64) -> Result<(), Error> {
     events.update_applied_lsn(lsn);
     events.inner_mut().send_feedback().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_slot_is_named_after_its_database() {
+        assert_eq!(
+            super::slot_for("postgres://commerce_wal@db:5432/Orders-EU?sslmode=require"),
+            "outbox_relay_orders_eu"
+        );
+    }
 }

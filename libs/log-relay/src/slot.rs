@@ -2,7 +2,10 @@
 //! WAL segment from its position on: the disk fills unless
 //! `max_slot_wal_keep_size` bounds it (docs/adr/0038).
 
+use std::time::Duration;
+
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 /// WAL the slot keeps (from its restart position to the server's end).
 pub const RETAINED_WAL: &str = "log_relay_slot_retained_wal_bytes";
@@ -35,4 +38,21 @@ pub async fn slot_status(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotS
         metrics::gauge!(LAG, "slot" => slot).set(s.lag_bytes.unwrap_or(0) as f64);
     }
     Ok(status)
+}
+
+/// How often [`watch_slot`] reads the slot.
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the slot's gauges current until `shutdown`, whichever relay
+/// reads it: a slot nobody reads is the one to see.
+pub async fn watch_slot(pool: &PgPool, slot: &str, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = slot_status(pool, slot).await {
+            tracing::debug!(slot, error = %e, "slot not read");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+    }
 }

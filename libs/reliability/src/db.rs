@@ -18,6 +18,9 @@ pub mod scram;
 pub const OWNER_ROLE: &str = "commerce_owner";
 pub const APP_ROLE: &str = "commerce_app";
 pub const RELAY_ROLE: &str = "commerce_relay";
+/// The log relay's replication connections (docs/adr/0038): REPLICATION,
+/// and no privilege on any table; streaming a publication needs none.
+pub const WAL_ROLE: &str = "commerce_wal";
 
 /// The reliability tables, versions 1 to 999. A service's own migrations
 /// start at 1000 so both live in one `_sqlx_migrations` history.
@@ -47,7 +50,7 @@ pub async fn migrate(owner_pool: &PgPool, service: Option<&Migrator>) -> Result<
     Ok(())
 }
 
-/// Creates the three roles if missing. Needs a superuser connection (roles
+/// Creates the roles if missing. Needs a superuser connection (roles
 /// are cluster-wide). Safe to run concurrently and repeatedly.
 pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
     let mut conn = superuser.acquire().await?;
@@ -64,6 +67,9 @@ pub async fn ensure_roles(superuser: &PgPool) -> Result<()> {
                END IF;
                IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'commerce_relay') THEN
                  CREATE ROLE commerce_relay LOGIN NOBYPASSRLS;
+               END IF;
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'commerce_wal') THEN
+                 CREATE ROLE commerce_wal LOGIN REPLICATION NOBYPASSRLS;
                END IF;
              END $$",
         )
@@ -157,7 +163,7 @@ pub async fn ensure_database(superuser: &PgPool, database: &str) -> Result<()> {
 /// writes it to `.env`); unset or empty: none (trust or peer).
 pub const ROLE_PASSWORD_ENV: &str = "DB_ROLE_PASSWORD";
 
-fn role_password() -> Option<String> {
+pub fn role_password() -> Option<String> {
     std::env::var(ROLE_PASSWORD_ENV)
         .ok()
         .filter(|p| !p.is_empty())
@@ -191,12 +197,12 @@ pub fn options_for_role(base: &PgConnectOptions, role: &str) -> PgConnectOptions
     }
 }
 
-/// Gives the three roles `DB_ROLE_PASSWORD`, when it is set.
+/// Gives the roles `DB_ROLE_PASSWORD`, when it is set.
 pub async fn set_role_passwords(superuser: &PgPool) -> Result<bool> {
     let Some(password) = role_password() else {
         return Ok(false);
     };
-    for role in [OWNER_ROLE, APP_ROLE, RELAY_ROLE] {
+    for role in [OWNER_ROLE, APP_ROLE, RELAY_ROLE, WAL_ROLE] {
         set_role_password(superuser, role, &password).await?;
     }
     Ok(true)

@@ -57,6 +57,10 @@ pub struct RelayConfig {
     /// Poll even without a notification (a NOTIFY can be missed while the
     /// listener reconnects).
     pub poll_interval: Duration,
+    /// Wake on the outbox's commit notifications; off for the polling
+    /// relay that sweeps beside a log relay (docs/adr/0038), which hears
+    /// of each commit from the log instead.
+    pub listens: bool,
     /// Backoff after a failed publish: `LEAST(attempts + 1, backoff_max_steps) * backoff_step`.
     pub backoff_step: Duration,
     pub backoff_max_steps: i32,
@@ -82,6 +86,7 @@ impl RelayConfig {
             batch_size: 500,
             batches_in_flight: 3,
             poll_interval: Duration::from_secs(1),
+            listens: true,
             backoff_step: Duration::from_secs(30),
             backoff_max_steps: 8,
             max_attempts: 10,

@@ -172,7 +172,15 @@ impl TestDb {
             app: self.app.clone(),
             relay: self.relay.clone(),
             owner: self.owner.clone(),
+            replication_url: Some(self.url()),
         }
+    }
+
+    /// The superuser's URL of this database (a role with REPLICATION too).
+    pub fn url(&self) -> String {
+        let url = database_url();
+        let (server, _) = url.rsplit_once('/').expect("a database in DATABASE_URL");
+        format!("{server}/{}", self.name)
     }
 
     /// A pool of its own for `role` with at most `max` connections: a test

@@ -89,7 +89,7 @@ impl Relay {
             };
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                n = listener.recv() => { n?; }
+                n = listener.recv(), if self.config.listens => { n?; }
                 () = tokio::time::sleep(wait) => {}
             }
         }

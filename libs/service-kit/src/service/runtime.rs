@@ -19,8 +19,8 @@ use reliability::trace;
 use reliability::{Error, Result, db};
 
 use super::{
-    ApiState, CommonSettings, Databases, Readiness, Role, ShutdownToken, bind, bind_ops, document,
-    http_app, ops_routes, serve_with,
+    ApiState, CommonSettings, Databases, LOG_MODE_SWEEP, Readiness, RelayMode, Role, ShutdownToken,
+    bind, bind_ops, document, http_app, ops_routes, serve_with,
 };
 
 /// Runs migrations, retrying while the database is not reachable yet.
@@ -86,6 +86,33 @@ impl Tasks {
         self.set.spawn(async move { (name, task.await) });
     }
 
+    /// The log relay (docs/adr/0038), and its slot's gauges.
+    fn spawn_log_relay(
+        &mut self,
+        dbs: &Databases,
+        common: &CommonSettings,
+        config: RelayConfig,
+    ) -> Result<()> {
+        let url = dbs.replication_url.clone().ok_or_else(|| {
+            Error::Config("RELAY_MODE=log needs a replication URL (RELAY_REPLICATION_URL)".into())
+        })?;
+        let relay = Relay::new(dbs.relay.clone(), &common.amqp_url, config);
+        let config = log_relay::LogRelayConfig::new(&url);
+        let slot = config.slot.clone();
+        let log = log_relay::LogRelay::new(relay, config);
+        let stop = self.shutdown.clone();
+        self.spawn("log relay", async move {
+            log.run(stop).await;
+            Ok(())
+        });
+        let (pool, stop) = (dbs.relay.clone(), self.shutdown.clone());
+        self.spawn("log relay slot", async move {
+            log_relay::watch_slot(&pool, &slot, stop).await;
+            Ok(())
+        });
+        Ok(())
+    }
+
     /// The outbox relay of `source` (as the relay role) and the maintenance
     /// jobs (as the owner).
     pub fn spawn_relay(
@@ -101,9 +128,15 @@ impl Tasks {
             .map(|s| common.queue_spec(s))
             .collect::<Result<_>>()?;
         config.fail_points = common.fail_points()?;
-        config.backoff_step = Duration::from_millis(common.relay_backoff_ms);
-        config.confirm_timeout = Duration::from_millis(common.relay_confirm_timeout_ms);
-        config.max_attempts = common.relay_max_attempts;
+        config.backoff_step = Duration::from_millis(common.relay.backoff_ms);
+        config.confirm_timeout = Duration::from_millis(common.relay.confirm_timeout_ms);
+        config.max_attempts = common.relay.max_attempts;
+        if common.relay.mode == RelayMode::Log {
+            self.spawn_log_relay(dbs, common, config.clone())?;
+            // The polling relay sweeps for what the log does not show.
+            config.listens = false;
+            config.poll_interval = LOG_MODE_SWEEP;
+        }
         let relay =
             Relay::new(dbs.relay.clone(), &common.amqp_url, config).with_health(self.health());
         let stop = self.shutdown.clone();

@@ -19,6 +19,9 @@ use super::ServerLimits;
 
 pub use crate::defaults::defaults;
 
+mod relay;
+pub use relay::{LOG_MODE_SWEEP, RelayMode, RelaySettings};
+
 /// Settings every service has, each from its environment variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonSettings {
@@ -38,9 +41,6 @@ pub struct CommonSettings {
     /// Full URL for the runtime role; default: the service's database URL as `commerce_app`.
     #[arg(long, env = "APP_DATABASE_URL")]
     pub app_database_url: Option<String>,
-    /// Full URL for the relay role; default: the service's database URL as `commerce_relay`.
-    #[arg(long, env = "RELAY_DATABASE_URL")]
-    pub relay_database_url: Option<String>,
     /// Full URL for the owner role (migrations, maintenance); default: as `commerce_owner`.
     #[arg(long, env = "OWNER_DATABASE_URL")]
     pub owner_database_url: Option<String>,
@@ -75,17 +75,9 @@ pub struct CommonSettings {
     /// stack must run with the same value.
     #[arg(long, env = "ORDERED_PARTITIONS", default_value = "")]
     pub ordered_partitions: String,
-    /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
-    #[arg(long, env = "RELAY_BACKOFF_MS", default_value_t = 30_000)]
-    pub relay_backoff_ms: u64,
-    /// How long the relay waits for the broker's confirms of a batch (and
-    /// so holds its claim), in ms. Unconfirmed rows stay pending and cost no
-    /// attempt.
-    #[arg(long, env = "RELAY_CONFIRM_TIMEOUT_MS", default_value_t = 10_000)]
-    pub relay_confirm_timeout_ms: u64,
-    /// Failed publishes after which an outbox row moves to the DLQ table.
-    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10)]
-    pub relay_max_attempts: i32,
+    /// How the outbox reaches the broker.
+    #[command(flatten)]
+    pub relay: RelaySettings,
     /// Lanes of each consumer in this process: each applies its own
     /// deliveries beside the others (docs/adr/0010). More processes may
     /// consume the same queues too.
@@ -291,6 +283,8 @@ pub struct Databases {
     pub app: PgPool,
     pub relay: PgPool,
     pub owner: PgPool,
+    /// The log relay's replication connection (`RELAY_MODE=log` only).
+    pub replication_url: Option<String>,
 }
 
 impl Databases {
@@ -331,13 +325,17 @@ impl Databases {
         Ok(Self {
             app: pool(app, common.db_pool_size),
             relay: pool(
-                role(&common.relay_database_url, db::RELAY_ROLE)?,
+                role(&common.relay.database_url, db::RELAY_ROLE)?,
                 common.db_relay_pool_size,
             ),
             owner: pool(
                 role(&common.owner_database_url, db::OWNER_ROLE)?,
                 common.db_owner_pool_size,
             ),
+            replication_url: match common.relay.mode {
+                RelayMode::Log => Some(common.relay.replication_url(database_url)?),
+                RelayMode::Poll => None,
+            },
         })
     }
 }
