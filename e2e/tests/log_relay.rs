@@ -12,7 +12,9 @@ use service_kit::service::RelayMode;
 use testkit::{DEADLINE, wait_until};
 
 async fn logical() -> bool {
-    let admin = sqlx::PgPool::connect(&testkit::database_url()).await.unwrap();
+    let admin = sqlx::PgPool::connect(&testkit::database_url())
+        .await
+        .unwrap();
     let level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&admin)
         .await
@@ -39,13 +41,17 @@ async fn with_the_log_relay_twenty_orders_for_ten_units_sell_exactly_ten_and_eve
             .unwrap(),
     );
     for db in [&stack.dbs.orders, &stack.dbs.inventory, &stack.dbs.payments] {
-        wait_until(DEADLINE, "each source's log relay holds its slot", || async {
-            let slot = log_relay::slot_for(&db.url());
-            log_relay::slot_status(&db.admin, &slot)
-                .await
-                .unwrap()
-                .is_some_and(|s| s.active)
-        })
+        wait_until(
+            DEADLINE,
+            "each source's log relay holds its slot",
+            || async {
+                let slot = log_relay::slot_for(&db.url());
+                log_relay::slot_status(&db.admin, &slot)
+                    .await
+                    .unwrap()
+                    .is_some_and(|s| s.active)
+            },
+        )
         .await;
     }
     stack.stock(1, "HOT", 10).await;

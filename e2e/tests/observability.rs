@@ -63,6 +63,7 @@ fn exported() -> Vec<Metric> {
         .chain(payments::worker::METRICS)
         .chain(projection::verify::METRICS)
         .chain(graph::verify::METRICS)
+        .chain(log_relay::METRICS)
         .copied()
         .collect()
 }

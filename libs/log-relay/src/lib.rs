@@ -11,7 +11,7 @@ use reliability::relay::Relay;
 
 mod slot;
 
-pub use slot::{LAG, RETAINED_WAL, SlotStatus, slot_status, watch_slot};
+pub use slot::{ACTIVE, LAG, METRICS, RETAINED_WAL, SlotStatus, slot_status, watch_slot};
 
 /// The publication of the outbox's inserts (reliability migration 0014).
 pub const PUBLICATION: &str = "reliability_outbox";

@@ -11,6 +11,32 @@ use tokio_util::sync::CancellationToken;
 pub const RETAINED_WAL: &str = "log_relay_slot_retained_wal_bytes";
 /// WAL written since the slot's confirmed position: the log relay's lag.
 pub const LAG: &str = "log_relay_slot_lag_bytes";
+/// 1 while a relay reads the slot, 0 while nobody does.
+pub const ACTIVE: &str = "log_relay_slot_active";
+
+use reliability::metrics::{Kind, Metric};
+
+/// The slot's metrics, for the catalogue (docs/metrics.md).
+pub const METRICS: &[Metric] = &[
+    Metric::new(
+        RETAINED_WAL,
+        Kind::Gauge,
+        &["slot"],
+        "WAL the outbox's replication slot keeps, in bytes (from its restart position to the server's end; bounded by max_slot_wal_keep_size).",
+    ),
+    Metric::new(
+        LAG,
+        Kind::Gauge,
+        &["slot"],
+        "WAL written since the slot's confirmed position, in bytes: what the log relay has not confirmed yet.",
+    ),
+    Metric::new(
+        ACTIVE,
+        Kind::Gauge,
+        &["slot"],
+        "1 while a log relay reads the slot, 0 while nobody does (its WAL then accumulates).",
+    ),
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SlotStatus {
@@ -35,7 +61,8 @@ pub async fn slot_status(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotS
         let slot = slot.to_owned();
         metrics::gauge!(RETAINED_WAL, "slot" => slot.clone())
             .set(s.retained_wal_bytes.unwrap_or(0) as f64);
-        metrics::gauge!(LAG, "slot" => slot).set(s.lag_bytes.unwrap_or(0) as f64);
+        metrics::gauge!(LAG, "slot" => slot.clone()).set(s.lag_bytes.unwrap_or(0) as f64);
+        metrics::gauge!(ACTIVE, "slot" => slot).set(if s.active { 1.0 } else { 0.0 });
     }
     Ok(status)
 }

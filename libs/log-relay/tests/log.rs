@@ -170,3 +170,81 @@ async fn a_second_relay_waits_for_the_slot_and_takes_over_when_the_first_stops()
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// A slot left unread (its relays gone) keeps WAL: its gauges say so,
+/// which is what the alerts `LogRelaySlotUnread` and
+/// `LogRelaySlotRetainsWal` read; the runbook's step, a relay reading it
+/// again, publishes what waited and clears them.
+#[tokio::test]
+async fn a_slot_left_unread_shows_in_its_gauges_and_a_relay_reading_it_again_clears_them() {
+    let metrics = reliability::metrics::install();
+    let db = TestDb::new().await;
+    if !logical(&db).await {
+        return db.cleanup().await;
+    }
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let slot = unique("reltest_slot_").replace('.', "_");
+    let gauge = |name: &str, value: &str| format!("{name}{{slot=\"{slot}\"}} {value}");
+    let (stop, task) = spawn(relay(&db, &broker, &slot));
+    wait_until(DEADLINE, "the relay holds the slot", || async {
+        slot_status(&db.admin, &slot)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.active)
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.extend(commit(&db, "agg-1", 10).await);
+    }
+    // The last commit ends past this.
+    let before: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    ids.extend(commit(&db, "agg-1", 10).await);
+    wait_until(DEADLINE, "the slot unread, its lag growing", || async {
+        slot_status(&db.admin, &slot)
+            .await
+            .unwrap()
+            .is_some_and(|s| !s.active && s.lag_bytes.unwrap_or(0) > 0)
+    })
+    .await;
+    assert!(metrics.render().contains(&gauge(log_relay::ACTIVE, "0")));
+    assert_eq!(pending(&db).await, 50, "nothing published meanwhile");
+
+    // The runbook's step: a relay reads the slot again.
+    let (stop, task) = spawn(relay(&db, &broker, &slot));
+    wait_until(DEADLINE, "what waited published, each once", || async {
+        broker.depth(&queue).await == 50 && pending(&db).await == 0
+    })
+    .await;
+    wait_until(
+        DEADLINE,
+        "the slot read and confirmed past what waited",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT active AND confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots
+             WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .bind(&before)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    slot_status(&db.admin, &slot).await.unwrap();
+    assert!(metrics.render().contains(&gauge(log_relay::ACTIVE, "1")));
+    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    assert_eq!(got, ids);
+    stop.cancel();
+    task.await.unwrap();
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
