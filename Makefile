@@ -18,7 +18,7 @@ export BUILD_FEATURES
 BUILD_BINS = cargo build --locked --workspace --bins $(BUILD_FEATURES)
 RELIABILITY = $(BUILD_BINS) --quiet && $${CARGO_TARGET_DIR:-target}/debug/reliability
 
-.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-upgrade e2e-pgbouncer e2e-full test-rabbitmq4-full bench bench-smoke
+.PHONY: test-rabbitmq4 stock-debian reset model help build test test-clean lint audit doctor fmt roles token up down observe logs status demo verify deps fuzz-api check-compose alerts-test new-service template-check openapi e2e e2e-upgrade e2e-pgbouncer e2e-log e2e-full test-rabbitmq4-full bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -168,6 +168,16 @@ E2E_PGBOUNCER_SKIP ?=
 e2e-pgbouncer: ## the scenarios a pooler can change, with the runtime role through PgBouncer in transaction mode (E2E_PGBOUNCER_ONLY= for all; builds PgBouncer 1.24 from Debian's source when the system's is older than 1.21)
 	$(BUILD_BINS)
 	pgbouncer=$$(scripts/pgbouncer.sh) && E2E_ONLY="$(E2E_PGBOUNCER_ONLY)" E2E_SKIP="$(E2E_PGBOUNCER_SKIP)" E2E_PGBOUNCER=$$pgbouncer $${CARGO_TARGET_DIR:-target}/debug/e2e
+
+# The scenarios a relay's mode can change (ADR 0038): its crashes and
+# freezes, several relays on one outbox, a late commit, an unroutable
+# event, the broker's nodes restarted, killed and out of quorum, and
+# PostgreSQL restarted -m immediate while the slots are read.
+E2E_LOG_ONLY ?= relay,late,unroutable,every broker node,node leading,quorum,PostgreSQL restart
+
+e2e-log: ## the relay scenarios with RELAY_MODE=log: each outbox read from a logical replication slot (E2E_LOG_ONLY= for all)
+	$(BUILD_BINS)
+	E2E_RELAY_MODE=log E2E_ONLY="$(E2E_LOG_ONLY)" $${CARGO_TARGET_DIR:-target}/debug/e2e
 
 # The release a rolling upgrade starts from: one whose relays do not number.
 UPGRADE_FROM_REV ?= 953eb30

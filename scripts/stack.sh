@@ -68,6 +68,17 @@ need_servers() {
     echo "Or, with Docker: docker compose -f compose/docker-compose.yml up --build" >&2
     exit 1
   fi
+  # RELAY_MODE=log reads each outbox from a replication slot (docs/adr/0038).
+  if [[ ${RELAY_MODE:-poll} == log ]] && command -v psql >/dev/null; then
+    local level
+    level=$(psql -h "$PG_HOST" -p "$PG_PORT" -U "${PGUSER:-postgres}" -Atc 'SHOW wal_level' 2>/dev/null || true)
+    if [[ -n $level && $level != logical ]]; then
+      echo "RELAY_MODE=log needs wal_level=logical (it is $level): as a superuser," >&2
+      echo "  ALTER SYSTEM SET wal_level = logical; ALTER SYSTEM SET max_slot_wal_keep_size = '1GB';" >&2
+      echo "  then restart PostgreSQL (sudo pg_ctlcluster \$(ls /etc/postgresql) main restart)" >&2
+      exit 1
+    fi
+  fi
   # The projection's history is an ordered subscription: its partitions
   # hang off a consistent-hash exchange, a plugin that ships with RabbitMQ
   # and is off by default (docs/adr/0028). Enabled here where this user may.

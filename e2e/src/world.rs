@@ -80,9 +80,11 @@ impl World {
             port: base + 32,
             // fsync off: the scenarios crash processes, not the kernel, so
             // what PostgreSQL wrote survives in the page cache either way.
+            // wal_level=logical: the log relay's slots (E2E_RELAY_MODE=log).
             options: format!(
                 "-c port={} -c listen_addresses={listen} -c unix_socket_directories={} \
-                 -c max_connections=300 -c fsync=off -c shared_buffers=128MB",
+                 -c max_connections=300 -c fsync=off -c shared_buffers=128MB \
+                 -c wal_level=logical -c max_slot_wal_keep_size=1GB",
                 base + 32,
                 root.join("pg").display()
             ),

@@ -291,6 +291,11 @@ async fn setup(world: &'static World) -> anyhow::Result<Run> {
         ("PSP_MAX_IN_FLIGHT", "6".to_owned()),
         ("PSP_TENANT_IN_FLIGHT", "3".to_owned()),
     ];
+    // The e2e-log profile: every relay role reads its outbox's commits
+    // from a replication slot (docs/adr/0038).
+    if let Ok(mode) = std::env::var("E2E_RELAY_MODE") {
+        env.push(("RELAY_MODE", mode));
+    }
     // The e2e-pgbouncer profile: the runtime role through the pooler.
     if let Some(pooler) = world.pooler() {
         env.push(("DB_POOLER", format!("127.0.0.1:{}", pooler.port)));

@@ -24,6 +24,7 @@ pub struct RelaySettings {
     /// `poll` (the default) or `log`: read the outbox's commits from a
     /// logical replication slot (needs `wal_level = logical`).
     #[arg(
+        id = "relay_mode",
         long = "relay-mode",
         env = "RELAY_MODE",
         value_enum,
@@ -32,13 +33,22 @@ pub struct RelaySettings {
     pub mode: RelayMode,
     /// In log mode, the replication connection's URL (a role with
     /// REPLICATION); default: the service's database URL as `commerce_wal`.
-    #[arg(long = "relay-replication-url", env = "RELAY_REPLICATION_URL")]
+    #[arg(
+        id = "relay_replication_url",
+        long = "relay-replication-url",
+        env = "RELAY_REPLICATION_URL"
+    )]
     pub replication_url: Option<String>,
     /// Full URL for the relay role; default: the service's database URL as `commerce_relay`.
-    #[arg(long = "relay-database-url", env = "RELAY_DATABASE_URL")]
+    #[arg(
+        id = "relay_database_url",
+        long = "relay-database-url",
+        env = "RELAY_DATABASE_URL"
+    )]
     pub database_url: Option<String>,
     /// Relay backoff step in ms: a failed publish waits `min(attempts+1, 8)` steps.
     #[arg(
+        id = "relay_backoff_ms",
         long = "relay-backoff-ms",
         env = "RELAY_BACKOFF_MS",
         default_value_t = 30_000
@@ -48,6 +58,7 @@ pub struct RelaySettings {
     /// so holds its claim), in ms. Unconfirmed rows stay pending and cost no
     /// attempt.
     #[arg(
+        id = "relay_confirm_timeout_ms",
         long = "relay-confirm-timeout-ms",
         env = "RELAY_CONFIRM_TIMEOUT_MS",
         default_value_t = 10_000
@@ -55,6 +66,7 @@ pub struct RelaySettings {
     pub confirm_timeout_ms: u64,
     /// Failed publishes after which an outbox row moves to the DLQ table.
     #[arg(
+        id = "relay_max_attempts",
         long = "relay-max-attempts",
         env = "RELAY_MAX_ATTEMPTS",
         default_value_t = 10
@@ -106,6 +118,17 @@ fn urlencode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::as_user;
+    use clap::CommandFactory;
+
+    #[derive(Debug, Clone, Default, clap::Args)]
+    struct Own {}
+
+    /// Clap checks its arguments only when a command parses them: a name
+    /// two settings share fails every binary at start (an e2e run did).
+    #[test]
+    fn every_setting_of_a_service_has_a_name_of_its_own() {
+        crate::service::Settings::<Own>::command().debug_assert();
+    }
 
     #[test]
     fn the_wal_role_takes_the_urls_place_of_its_user() {
