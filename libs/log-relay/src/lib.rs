@@ -156,7 +156,10 @@ impl LogRelay {
         // one waits, and asks again.
         stream.start(None).await?;
         tracing::info!(slot = %self.config.slot, "reading the outbox's log");
-        let mut events = stream.into_stream(shutdown.clone());
+        // A child: the stream's shutdown cancels its token, which must not
+        // be the process's (an e2e run stopped every task of the relay
+        // role at the first error read).
+        let mut events = stream.into_stream(shutdown.child_token());
         let result = self.pump(&mut events, publisher).await;
         let _ = events.shutdown().await;
         result

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use log_relay::{LogRelay, LogRelayConfig, slot_status};
 use reliability::TenantTx;
+use reliability::failpoint::{self, Action, FailPoints};
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
 use serde_json::json;
@@ -51,11 +52,13 @@ async fn commit(db: &TestDb, agg: &str, n: i64) -> Vec<i64> {
 }
 
 fn relay(db: &TestDb, broker: &Broker, slot: &str) -> LogRelay {
-    let relay = Relay::new(
-        db.relay.clone(),
-        &amqp_url(),
-        RelayConfig::new("svc", &broker.exchange),
-    );
+    relay_with(db, broker, slot, FailPoints::none())
+}
+
+fn relay_with(db: &TestDb, broker: &Broker, slot: &str, points: FailPoints) -> LogRelay {
+    let mut config = RelayConfig::new("svc", &broker.exchange);
+    config.fail_points = points;
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config);
     let mut config = LogRelayConfig::new(&replication_url(db));
     config.slot = slot.to_owned();
     config.standby_retry = Duration::from_millis(200);
@@ -241,6 +244,44 @@ async fn a_slot_left_unread_shows_in_its_gauges_and_a_relay_reading_it_again_cle
     .await;
     slot_status(&db.admin, &slot).await.unwrap();
     assert!(metrics.render().contains(&gauge(log_relay::ACTIVE, "1")));
+    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    assert_eq!(got, ids);
+    stop.cancel();
+    task.await.unwrap();
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+/// A batch that fails ends the reading, and the relay reads again from the
+/// slot's confirmed position: what failed is published then, and the
+/// caller's token (the process's shutdown) is left alone.
+#[tokio::test]
+async fn a_failed_batch_is_read_again_from_the_slot_and_stops_nothing_else() {
+    let db = TestDb::new().await;
+    if !logical(&db).await {
+        return db.cleanup().await;
+    }
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let slot = unique("reltest_slot_").replace('.', "_");
+    let points = FailPoints::none();
+    let (stop, task) = spawn(relay_with(&db, &broker, &slot, points.clone()));
+    wait_until(DEADLINE, "the relay holds the slot", || async {
+        slot_status(&db.admin, &slot)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.active)
+    })
+    .await;
+    points.arm(failpoint::RELAY_BEFORE_PUBLISH, Action::Error);
+    let ids = commit(&db, "agg-1", 3).await;
+    wait_until(DEADLINE, "published after the failed batch", || async {
+        broker.depth(&queue).await == 3 && pending(&db).await == 0
+    })
+    .await;
+    assert!(!points.any_armed(), "the batch failed once");
+    assert!(!stop.is_cancelled(), "the process's token is its own");
+    assert!(!task.is_finished(), "the relay reads on");
     let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
     assert_eq!(got, ids);
     stop.cancel();

@@ -33,13 +33,15 @@ pub use reliability::shutdown::ShutdownToken;
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// Logs as JSON when `LOG_FORMAT=json`, else human-readable; `RUST_LOG`
-/// filters them (default `info`). With the `otel` feature, the service's
+/// filters them (default `info`, and `warn` for the replication protocol's
+/// crate, which says `info` at every status update the log relay sends).
+/// With the `otel` feature, the service's
 /// own spans, events and SQL inside each step join its exported trace
 /// ([`trace::layer`](reliability::trace::layer)), whatever `RUST_LOG` says.
 pub fn init_tracing() {
     use tracing_subscriber::prelude::*;
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,pg_walstream=warn".into());
     let logs = match std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json") {
         true => tracing_subscriber::fmt::layer()
             .json()
