@@ -187,9 +187,10 @@ e2e-upgrade: ## a rolling upgrade under load from $(UPGRADE_FROM_REV), whose rel
 	from=$$(cat .upgrade-from); rm -f .upgrade-from; \
 	  E2E_UPGRADE_FROM=$$from E2E_ONLY=$${E2E_ONLY-upgrade} $(MAKE) --no-print-directory e2e
 
-e2e-full: ## the whole matrix: make e2e with the rolling upgrade, every scenario through PgBouncer, and make test on RabbitMQ 4 (about an hour more than CI's share)
+e2e-full: ## the whole matrix: make e2e with the rolling upgrade, every scenario through PgBouncer, the relay scenarios with the log relay, and make test on RabbitMQ 4 (about an hour more than CI's share)
 	E2E_ONLY= $(MAKE) --no-print-directory e2e-upgrade
 	$(MAKE) --no-print-directory e2e-pgbouncer E2E_PGBOUNCER_ONLY=
+	$(MAKE) --no-print-directory e2e-log
 	$(MAKE) --no-print-directory test-rabbitmq4-full
 
 # The bench also runs the stack as processes (per-role RSS): their binaries too.
