@@ -208,6 +208,29 @@ impl Stack {
         self.projection.get(tenant, &path).await.1
     }
 
+    /// Stocks ten of `sku`, has twenty customers order one each at once,
+    /// and waits until every order is settled everywhere; the orders' ids
+    /// and how many were confirmed.
+    pub async fn race_for_ten(
+        self: &std::sync::Arc<Self>,
+        tenant: i64,
+        sku: &str,
+    ) -> (Vec<i64>, usize) {
+        self.stock(tenant, sku, 10).await;
+        let ids = futures_util::future::join_all((0..20).map(|i| {
+            let stack = self.clone();
+            async move { stack.order(tenant, &format!("c-{i}"), sku, 1).await }
+        }))
+        .await;
+        let mut confirmed = 0;
+        for id in &ids {
+            if self.settled(tenant, *id).await["status"] == "confirmed" {
+                confirmed += 1;
+            }
+        }
+        (ids, confirmed)
+    }
+
     pub async fn stop(self) {
         self.stop.cancel();
         let queues = cluster::queue_names(&self.common.queue_prefix);

@@ -11,28 +11,12 @@ use e2e::Stack;
 use service_kit::service::RelayMode;
 use testkit::{DEADLINE, wait_until};
 
-async fn logical() -> bool {
+#[tokio::test]
+async fn with_the_log_relay_twenty_orders_for_ten_units_sell_exactly_ten_and_every_view_settles() {
     let admin = sqlx::PgPool::connect(&testkit::database_url())
         .await
         .unwrap();
-    let level: String = sqlx::query_scalar("SHOW wal_level")
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-    if level == "logical" {
-        return true;
-    }
-    assert!(
-        std::env::var("LOG_RELAY_TESTS").as_deref() != Ok("required"),
-        "wal_level is {level}: CI sets it to logical (.ci/run)"
-    );
-    eprintln!("skipped: wal_level is {level}, not logical");
-    false
-}
-
-#[tokio::test]
-async fn with_the_log_relay_twenty_orders_for_ten_units_sell_exactly_ten_and_every_view_settles() {
-    if !logical().await {
+    if !testkit::logical_decoding(&admin).await {
         return;
     }
     let stack = Arc::new(
@@ -54,18 +38,8 @@ async fn with_the_log_relay_twenty_orders_for_ten_units_sell_exactly_ten_and_eve
         )
         .await;
     }
-    stack.stock(1, "HOT", 10).await;
-    let ids = futures_util::future::join_all((0..20).map(|i| {
-        let stack = stack.clone();
-        async move { stack.order(1, &format!("c-{i}"), "HOT", 1).await }
-    }))
-    .await;
-    let mut confirmed = 0;
+    let (ids, confirmed) = stack.race_for_ten(1, "HOT").await;
     for id in &ids {
-        let view = stack.settled(1, *id).await;
-        if view["status"] == "confirmed" {
-            confirmed += 1;
-        }
         let path = format!("/history/order/{id}");
         wait_until(DEADLINE, "the order's history, placed first", || async {
             let (_, h) = stack.projection.get(1, &path).await;

@@ -1,9 +1,9 @@
 //! The log relay against a real PostgreSQL (`wal_level = logical`) and
 //! RabbitMQ: commits published in commit order and the slot confirmed past
 //! them; two relays on one slot, one reading, the other taking over when
-//! it stops. Where the server's `wal_level` is not `logical` these say so
-//! and pass, except under `LOG_RELAY_TESTS=required` (CI), where they
-//! fail.
+//! it stops; a slot left unread; a failed batch read again. Where the
+//! server's `wal_level` is not `logical` these say so and pass, except
+//! under `LOG_RELAY_TESTS=required` (CI), where they fail.
 
 use std::time::Duration;
 
@@ -13,123 +13,146 @@ use reliability::failpoint::{self, Action, FailPoints};
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
 use serde_json::json;
-use testkit::{Broker, DEADLINE, TestDb, amqp_url, database_url, tenant, unique, wait_until};
+use testkit::{Broker, DEADLINE, TestDb, amqp_url, tenant, unique, wait_until};
 use tokio_util::sync::CancellationToken;
 
-async fn logical(db: &TestDb) -> bool {
-    let level: String = sqlx::query_scalar("SHOW wal_level")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-    if level == "logical" {
-        return true;
+/// A test's database, broker queue and slot name.
+struct Setup {
+    db: TestDb,
+    broker: Broker,
+    queue: String,
+    slot: String,
+}
+
+type Running = (CancellationToken, tokio::task::JoinHandle<()>);
+
+impl Setup {
+    /// `None` (and nothing left behind) where the server cannot decode
+    /// its WAL logically.
+    async fn new() -> Option<Self> {
+        let db = TestDb::new().await;
+        if !testkit::logical_decoding(&db.admin).await {
+            db.cleanup().await;
+            return None;
+        }
+        let broker = Broker::new().await;
+        let queue = broker.queue(&["svc.*"]).await;
+        let slot = unique("reltest_slot_").replace('.', "_");
+        Some(Self {
+            db,
+            broker,
+            queue,
+            slot,
+        })
     }
-    assert!(
-        std::env::var("LOG_RELAY_TESTS").as_deref() != Ok("required"),
-        "wal_level is {level}: CI sets it to logical (.ci/run)"
-    );
-    eprintln!("skipped: wal_level is {level}, not logical");
-    false
-}
 
-/// The superuser on the test's database: a role with REPLICATION.
-fn replication_url(db: &TestDb) -> String {
-    let url = database_url();
-    let (server, _) = url.rsplit_once('/').expect("a database in DATABASE_URL");
-    format!("{server}/{}", db.name)
-}
-
-/// Commits one transaction of `n` events of aggregate `agg`; their ids.
-async fn commit(db: &TestDb, agg: &str, n: i64) -> Vec<i64> {
-    let mut tx = TenantTx::begin(&db.app, tenant(1)).await.unwrap();
-    let mut ids = Vec::new();
-    for i in 0..n {
-        let event = NewEvent::new("test", agg, "Added", &json!({"amount": i})).unwrap();
-        ids.push(outbox::enqueue(&mut tx, &event).await.unwrap());
+    /// A log relay on the slot, running until its token is cancelled.
+    fn spawn(&self, points: FailPoints) -> Running {
+        let mut config = RelayConfig::new("svc", &self.broker.exchange);
+        config.fail_points = points;
+        let relay = Relay::new(self.db.relay.clone(), &amqp_url(), config);
+        let mut config = LogRelayConfig::new(&self.db.url());
+        config.slot = self.slot.clone();
+        config.standby_retry = Duration::from_millis(200);
+        let relay = LogRelay::new(relay, config);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move { relay.run(stop).await }
+        });
+        (stop, task)
     }
-    tx.commit().await.unwrap();
-    ids
-}
 
-fn relay(db: &TestDb, broker: &Broker, slot: &str) -> LogRelay {
-    relay_with(db, broker, slot, FailPoints::none())
-}
+    async fn read_by_a_relay(&self, read: bool) {
+        wait_until(DEADLINE, "the slot read, or let go", || async {
+            slot_status(&self.db.admin, &self.slot)
+                .await
+                .unwrap()
+                .is_some_and(|s| s.active == read)
+        })
+        .await;
+    }
 
-fn relay_with(db: &TestDb, broker: &Broker, slot: &str, points: FailPoints) -> LogRelay {
-    let mut config = RelayConfig::new("svc", &broker.exchange);
-    config.fail_points = points;
-    let relay = Relay::new(db.relay.clone(), &amqp_url(), config);
-    let mut config = LogRelayConfig::new(&replication_url(db));
-    config.slot = slot.to_owned();
-    config.standby_retry = Duration::from_millis(200);
-    LogRelay::new(relay, config)
-}
+    /// Commits one transaction of `n` events of aggregate `agg`; their ids.
+    async fn commit(&self, agg: &str, n: i64) -> Vec<i64> {
+        let mut tx = TenantTx::begin(&self.db.app, tenant(1)).await.unwrap();
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let event = NewEvent::new("test", agg, "Added", &json!({"amount": i})).unwrap();
+            ids.push(outbox::enqueue(&mut tx, &event).await.unwrap());
+        }
+        tx.commit().await.unwrap();
+        ids
+    }
 
-fn spawn(relay: LogRelay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move { relay.run(stop).await }
-    });
-    (stop, task)
-}
+    /// Where the server's WAL ends now: a commit after this ends past it.
+    async fn wal_end(&self) -> String {
+        sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&self.db.admin)
+            .await
+            .unwrap()
+    }
 
-async fn pending(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
-        .fetch_one(&db.owner)
-        .await
-        .unwrap()
+    async fn pending(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+            .fetch_one(&self.db.owner)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `n` messages are on the queue and no row is pending.
+    async fn published(&self, n: u32) {
+        wait_until(DEADLINE, "published and marked", || async {
+            self.broker.depth(&self.queue).await == n && self.pending().await == 0
+        })
+        .await;
+    }
+
+    /// The ids of the messages on the queue, taken off it, in order.
+    async fn taken(&self) -> Vec<i64> {
+        let got = self.broker.take_all(&self.queue).await;
+        got.iter().map(|e| e.id).collect()
+    }
+
+    /// Waits until a reader confirmed the slot past `lsn`.
+    async fn confirmed_past(&self, lsn: &str) {
+        wait_until(DEADLINE, "the slot confirmed past the commits", || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT active AND confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots
+                 WHERE slot_name = $1",
+            )
+            .bind(&self.slot)
+            .bind(lsn)
+            .fetch_one(&self.db.admin)
+            .await
+            .unwrap()
+        })
+        .await;
+    }
+
+    async fn cleanup(self, running: Running) {
+        let (stop, task) = running;
+        stop.cancel();
+        task.await.unwrap();
+        self.broker.cleanup(&[&self.queue]).await;
+        self.db.cleanup().await;
+    }
 }
 
 #[tokio::test]
 async fn commits_are_published_in_commit_order_and_the_slot_confirmed_past_them() {
-    let db = TestDb::new().await;
-    if !logical(&db).await {
-        return db.cleanup().await;
-    }
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let slot = unique("reltest_slot_").replace('.', "_");
-    let (stop, task) = spawn(relay(&db, &broker, &slot));
-    wait_until(DEADLINE, "the relay holds the slot", || async {
-        slot_status(&db.admin, &slot)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.active)
-    })
-    .await;
+    let Some(t) = Setup::new().await else { return };
+    let running = t.spawn(FailPoints::none());
+    t.read_by_a_relay(true).await;
 
-    let mut ids = commit(&db, "agg-1", 3).await;
-    ids.extend(commit(&db, "agg-2", 1).await);
-    // The last commit ends past this.
-    let before: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-    ids.extend(commit(&db, "agg-1", 2).await);
-    wait_until(DEADLINE, "every commit published and marked", || async {
-        broker.depth(&queue).await == 6 && pending(&db).await == 0
-    })
-    .await;
-    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
-    assert_eq!(got, ids, "in commit order, each once");
-    wait_until(DEADLINE, "the slot confirmed past the last commit", || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&slot)
-        .bind(&before)
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-    })
-    .await;
-    let status = slot_status(&db.admin, &slot).await.unwrap().unwrap();
-    assert!(status.lag_bytes.unwrap_or(0) >= 0, "{status:?}");
-    stop.cancel();
-    task.await.unwrap();
-    broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
+    let mut ids = t.commit("agg-1", 3).await;
+    ids.extend(t.commit("agg-2", 1).await);
+    let before = t.wal_end().await;
+    ids.extend(t.commit("agg-1", 2).await);
+    t.published(6).await;
+    assert_eq!(t.taken().await, ids, "in commit order, each once");
+    t.confirmed_past(&before).await;
+    t.cleanup(running).await;
 }
 
 /// PostgreSQL lets one relay read the slot; the other waits and takes
@@ -137,41 +160,23 @@ async fn commits_are_published_in_commit_order_and_the_slot_confirmed_past_them(
 /// the first published is not published again.
 #[tokio::test]
 async fn a_second_relay_waits_for_the_slot_and_takes_over_when_the_first_stops() {
-    let db = TestDb::new().await;
-    if !logical(&db).await {
-        return db.cleanup().await;
-    }
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let slot = unique("reltest_slot_").replace('.', "_");
-    let (stop_a, task_a) = spawn(relay(&db, &broker, &slot));
-    wait_until(DEADLINE, "the first relay holds the slot", || async {
-        slot_status(&db.admin, &slot)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.active)
-    })
-    .await;
-    let (stop_b, task_b) = spawn(relay(&db, &broker, &slot));
-    let first = commit(&db, "agg-1", 2).await;
-    wait_until(DEADLINE, "the first commit published", || async {
-        broker.depth(&queue).await == 2 && pending(&db).await == 0
-    })
-    .await;
+    let Some(t) = Setup::new().await else { return };
+    let (stop_a, task_a) = t.spawn(FailPoints::none());
+    t.read_by_a_relay(true).await;
+    let second = t.spawn(FailPoints::none());
+    let first = t.commit("agg-1", 2).await;
+    t.published(2).await;
 
     stop_a.cancel();
     task_a.await.unwrap();
-    let second = commit(&db, "agg-1", 2).await;
-    wait_until(DEADLINE, "the second relay took over", || async {
-        broker.depth(&queue).await == 4 && pending(&db).await == 0
-    })
-    .await;
-    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
-    assert_eq!(got, [first, second].concat(), "each once, in order");
-    stop_b.cancel();
-    task_b.await.unwrap();
-    broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
+    let then = t.commit("agg-1", 2).await;
+    t.published(4).await;
+    assert_eq!(
+        t.taken().await,
+        [first, then].concat(),
+        "each once, in order"
+    );
+    t.cleanup(second).await;
 }
 
 /// A slot left unread (its relays gone) keeps WAL: its gauges say so,
@@ -181,75 +186,38 @@ async fn a_second_relay_waits_for_the_slot_and_takes_over_when_the_first_stops()
 #[tokio::test]
 async fn a_slot_left_unread_shows_in_its_gauges_and_a_relay_reading_it_again_clears_them() {
     let metrics = reliability::metrics::install();
-    let db = TestDb::new().await;
-    if !logical(&db).await {
-        return db.cleanup().await;
-    }
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let slot = unique("reltest_slot_").replace('.', "_");
-    let gauge = |name: &str, value: &str| format!("{name}{{slot=\"{slot}\"}} {value}");
-    let (stop, task) = spawn(relay(&db, &broker, &slot));
-    wait_until(DEADLINE, "the relay holds the slot", || async {
-        slot_status(&db.admin, &slot)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.active)
-    })
-    .await;
+    let Some(t) = Setup::new().await else { return };
+    let gauge = |value: &str| format!("{}{{slot=\"{}\"}} {value}", log_relay::ACTIVE, t.slot);
+    let (stop, task) = t.spawn(FailPoints::none());
+    t.read_by_a_relay(true).await;
     stop.cancel();
     task.await.unwrap();
+    t.read_by_a_relay(false).await;
 
     let mut ids = Vec::new();
     for _ in 0..4 {
-        ids.extend(commit(&db, "agg-1", 10).await);
+        ids.extend(t.commit("agg-1", 10).await);
     }
-    // The last commit ends past this.
-    let before: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-    ids.extend(commit(&db, "agg-1", 10).await);
+    let before = t.wal_end().await;
+    ids.extend(t.commit("agg-1", 10).await);
     wait_until(DEADLINE, "the slot unread, its lag growing", || async {
-        slot_status(&db.admin, &slot)
+        slot_status(&t.db.admin, &t.slot)
             .await
             .unwrap()
             .is_some_and(|s| !s.active && s.lag_bytes.unwrap_or(0) > 0)
     })
     .await;
-    assert!(metrics.render().contains(&gauge(log_relay::ACTIVE, "0")));
-    assert_eq!(pending(&db).await, 50, "nothing published meanwhile");
+    assert!(metrics.render().contains(&gauge("0")));
+    assert_eq!(t.pending().await, 50, "nothing published meanwhile");
 
     // The runbook's step: a relay reads the slot again.
-    let (stop, task) = spawn(relay(&db, &broker, &slot));
-    wait_until(DEADLINE, "what waited published, each once", || async {
-        broker.depth(&queue).await == 50 && pending(&db).await == 0
-    })
-    .await;
-    wait_until(
-        DEADLINE,
-        "the slot read and confirmed past what waited",
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT active AND confirmed_flush_lsn > $2::pg_lsn FROM pg_replication_slots
-             WHERE slot_name = $1",
-            )
-            .bind(&slot)
-            .bind(&before)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap()
-        },
-    )
-    .await;
-    slot_status(&db.admin, &slot).await.unwrap();
-    assert!(metrics.render().contains(&gauge(log_relay::ACTIVE, "1")));
-    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
-    assert_eq!(got, ids);
-    stop.cancel();
-    task.await.unwrap();
-    broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
+    let running = t.spawn(FailPoints::none());
+    t.published(50).await;
+    t.confirmed_past(&before).await;
+    slot_status(&t.db.admin, &t.slot).await.unwrap();
+    assert!(metrics.render().contains(&gauge("1")));
+    assert_eq!(t.taken().await, ids);
+    t.cleanup(running).await;
 }
 
 /// A batch that fails ends the reading, and the relay reads again from the
@@ -257,35 +225,16 @@ async fn a_slot_left_unread_shows_in_its_gauges_and_a_relay_reading_it_again_cle
 /// caller's token (the process's shutdown) is left alone.
 #[tokio::test]
 async fn a_failed_batch_is_read_again_from_the_slot_and_stops_nothing_else() {
-    let db = TestDb::new().await;
-    if !logical(&db).await {
-        return db.cleanup().await;
-    }
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let slot = unique("reltest_slot_").replace('.', "_");
+    let Some(t) = Setup::new().await else { return };
     let points = FailPoints::none();
-    let (stop, task) = spawn(relay_with(&db, &broker, &slot, points.clone()));
-    wait_until(DEADLINE, "the relay holds the slot", || async {
-        slot_status(&db.admin, &slot)
-            .await
-            .unwrap()
-            .is_some_and(|s| s.active)
-    })
-    .await;
+    let running = t.spawn(points.clone());
+    t.read_by_a_relay(true).await;
     points.arm(failpoint::RELAY_BEFORE_PUBLISH, Action::Error);
-    let ids = commit(&db, "agg-1", 3).await;
-    wait_until(DEADLINE, "published after the failed batch", || async {
-        broker.depth(&queue).await == 3 && pending(&db).await == 0
-    })
-    .await;
+    let ids = t.commit("agg-1", 3).await;
+    t.published(3).await;
     assert!(!points.any_armed(), "the batch failed once");
-    assert!(!stop.is_cancelled(), "the process's token is its own");
-    assert!(!task.is_finished(), "the relay reads on");
-    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
-    assert_eq!(got, ids);
-    stop.cancel();
-    task.await.unwrap();
-    broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
+    assert!(!running.0.is_cancelled(), "the process's token is its own");
+    assert!(!running.1.is_finished(), "the relay reads on");
+    assert_eq!(t.taken().await, ids);
+    t.cleanup(running).await;
 }

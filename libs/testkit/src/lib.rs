@@ -19,6 +19,9 @@ use reliability::db;
 
 pub mod browser;
 
+mod logical;
+pub use logical::logical_decoding;
+
 mod broker;
 pub use broker::Broker;
 
@@ -217,34 +220,7 @@ impl TestDb {
         self.relay.close().await;
         self.owner.close().await;
         // A replication slot on it (the log relay's) would refuse the drop.
-        let _ = sqlx::query(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-             WHERE database = $1 AND active_pid IS NOT NULL",
-        )
-        .bind(&self.name)
-        .execute(&self.admin)
-        .await;
-        // A terminated reader lets go of its slot a moment later.
-        let slots_left = || async {
-            let _ = sqlx::query(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-                 WHERE database = $1 AND NOT active",
-            )
-            .bind(&self.name)
-            .execute(&self.admin)
-            .await;
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_replication_slots WHERE database = $1",
-            )
-            .bind(&self.name)
-            .fetch_one(&self.admin)
-            .await
-            .unwrap_or(0)
-        };
-        let until = Instant::now() + Duration::from_secs(5);
-        while slots_left().await > 0 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        logical::drop_slots(&self.admin, &self.name).await;
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
         let _ = self.admin.execute(sqlx::AssertSqlSafe(sql)).await;
     }

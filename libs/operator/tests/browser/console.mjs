@@ -3,16 +3,10 @@
 //   node console.mjs URL TOKEN SCREENSHOT_DIR
 // Each step asserts what the page shows and keeps a screenshot.
 import assert from 'node:assert/strict';
-import { chromium } from 'playwright-core';
+import { open } from './common.mjs';
 
 const [url, token, shots] = process.argv.slice(2);
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox'],
-});
-const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-const shot = (name) => page.screenshot({ path: `${shots}/${name}.png`, fullPage: true });
-const step = (what) => console.log(`- ${what}`);
+const { browser, page, shot, step } = await open(shots, 800);
 
 try {
   step('without the token: 401 and the sign-in form');

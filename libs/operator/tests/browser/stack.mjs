@@ -5,16 +5,10 @@
 //   node stack.mjs URL TOKEN SCREENSHOT_DIR TENANT ORDER_ID
 // Each step asserts what the page shows and keeps a screenshot.
 import assert from 'node:assert/strict';
-import { chromium } from 'playwright-core';
+import { open } from './common.mjs';
 
 const [url, token, shots, tenant, order] = process.argv.slice(2);
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--no-sandbox'],
-});
-const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-const shot = (name) => page.screenshot({ path: `${shots}/${name}.png`, fullPage: true });
-const step = (what) => console.log(`- ${what}`);
+const { browser, page, shot, step } = await open(shots, 900);
 const story = `${url}/orders?tenant=${tenant}&id=${order}`;
 
 // Reloads `where` until `text` shows, within `secs`.
