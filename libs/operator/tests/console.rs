@@ -368,14 +368,7 @@ async fn the_stuck_page_lists_orders_pending_past_the_bound_with_their_story() {
     )];
     estate.subscriptions = VIEWS;
     let url = spawn(estate, Auth::none(), true).await;
-    let page = client()
-        .get(format!("{url}/stuck"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::page(format!("{url}/stuck")).await;
     assert!(
         page.contains("href=\"/orders?tenant=1&amp;id=42\""),
         "{page}"
@@ -428,14 +421,7 @@ async fn the_overview_says_which_process_roles_are_ready_not_ready_or_down() {
         probe("consume", free),
     ];
     let url = support::serve(estate, Auth::none(), true, roles).await;
-    let page = client()
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::page(&url).await;
     let problems =
         &page[page.find("id=\"problems\"").unwrap()..page.find("<h2>Process roles").unwrap()];
     assert!(
@@ -470,14 +456,7 @@ async fn the_overview_charts_the_last_hour_from_the_outbox() {
     .await
     .unwrap();
     let url = spawn(estate, Auth::none(), true).await;
-    let page = client()
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::page(&url).await;
     let charts = &page[page.find("id=\"charts\"").unwrap()..page.find("<h2>Outboxes").unwrap()];
     assert!(charts.contains("Orders decided per second"), "{charts}");
     // Two decided in the minute: 2/60 per second; the OrderPlaced are not.
@@ -540,14 +519,7 @@ async fn the_overview_puts_the_oldest_problem_first_and_shows_the_money_and_what
         port: role_saying(metrics).await,
     };
     let url = support::serve(estate, Auth::none(), true, vec![role]).await;
-    let page = client()
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::page(&url).await;
     let problems =
         &page[page.find("id=\"problems\"").unwrap()..page.find("id=\"charts\"").unwrap()];
     let at = |says: &str| {

@@ -43,6 +43,18 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The page at `url`, as a client without a session reads it.
+pub async fn page(url: impl reqwest::IntoUrl) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// A form's body, as a browser encodes it (reqwest's `form` is a
 /// feature the workspace does not build).
 pub fn form<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> String {

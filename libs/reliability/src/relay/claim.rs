@@ -7,42 +7,43 @@
 
 use crate::Result;
 
-use super::{Claimed, Relay, order};
+use super::{Claimed, Relay};
 
-/// The plain claim: the first due rows by id.
-const DUE: &str = "
-    SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-           payload, headers, occurred_at, aggregate_seq
-    FROM outbox_messages
-    WHERE processed_at IS NULL AND available_at <= now()
-    ORDER BY id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED";
+// The four claims, from their parts: one text for each condition.
+macro_rules! rows {
+    () => {
+        "SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
+                payload, headers, occurred_at, aggregate_seq
+         FROM outbox_messages o
+         WHERE processed_at IS NULL AND available_at <= now()"
+    };
+}
+// A relay that keeps order (docs/adr/0028) leaves a row behind an earlier
+// pending row of its aggregate that is not due (backed off).
+macro_rules! in_order {
+    () => {
+        " AND NOT EXISTS (
+              SELECT 1 FROM outbox_messages e
+              WHERE e.tenant_id = o.tenant_id AND e.aggregate_type = o.aggregate_type
+                AND e.aggregate_id = o.aggregate_id AND e.id < o.id
+                AND e.processed_at IS NULL AND e.available_at > now())"
+    };
+}
+macro_rules! first_due {
+    () => {
+        " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    };
+}
+macro_rules! named {
+    () => {
+        " AND id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED"
+    };
+}
 
-/// The named rows, by their primary key.
-const NAMED: &str = "
-    SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-           payload, headers, occurred_at, aggregate_seq
-    FROM outbox_messages
-    WHERE id = ANY($1) AND processed_at IS NULL AND available_at <= now()
-    ORDER BY id
-    FOR UPDATE SKIP LOCKED";
-
-/// The named rows of a relay that keeps order: less those behind an
-/// earlier pending row of their aggregate that is not due, as
-/// [`order::CLAIM_IN_ORDER`].
-const NAMED_IN_ORDER: &str = "
-    SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-           payload, headers, occurred_at, aggregate_seq
-    FROM outbox_messages o
-    WHERE id = ANY($1) AND processed_at IS NULL AND available_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_messages e
-          WHERE e.tenant_id = o.tenant_id AND e.aggregate_type = o.aggregate_type
-            AND e.aggregate_id = o.aggregate_id AND e.id < o.id
-            AND e.processed_at IS NULL AND e.available_at > now())
-    ORDER BY id
-    FOR UPDATE SKIP LOCKED";
+const DUE: &str = concat!(rows!(), first_due!());
+const DUE_IN_ORDER: &str = concat!(rows!(), in_order!(), first_due!());
+const NAMED: &str = concat!(rows!(), named!());
+const NAMED_IN_ORDER: &str = concat!(rows!(), in_order!(), named!());
 
 impl Relay {
     /// Claims in `tx` the due rows, or `named` ones.
@@ -54,7 +55,7 @@ impl Relay {
         let in_order = self.keeps_order();
         let query = match (named, in_order) {
             (None, false) => sqlx::query_as(DUE).bind(self.config.batch_size),
-            (None, true) => sqlx::query_as(order::CLAIM_IN_ORDER).bind(self.config.batch_size),
+            (None, true) => sqlx::query_as(DUE_IN_ORDER).bind(self.config.batch_size),
             (Some(ids), false) => sqlx::query_as(NAMED).bind(ids),
             (Some(ids), true) => sqlx::query_as(NAMED_IN_ORDER).bind(ids),
         };

@@ -24,22 +24,6 @@ use crate::Result;
 
 use super::{Claimed, Relay};
 
-/// The claim of a relay that keeps order: the plain claim, less the rows
-/// behind an earlier pending row of their aggregate that is not due.
-pub(super) const CLAIM_IN_ORDER: &str = "
-    SELECT id, tenant_id, aggregate_type, aggregate_id, event_type, event_version,
-           payload, headers, occurred_at, aggregate_seq
-    FROM outbox_messages o
-    WHERE processed_at IS NULL AND available_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox_messages e
-          WHERE e.tenant_id = o.tenant_id AND e.aggregate_type = o.aggregate_type
-            AND e.aggregate_id = o.aggregate_id AND e.id < o.id
-            AND e.processed_at IS NULL AND e.available_at > now())
-    ORDER BY id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED";
-
 impl Relay {
     /// Whether an ordered subscription may take this relay's events: one
     /// with a binding on its source (`<source>.…`, `*.…` or `#…`). Every
