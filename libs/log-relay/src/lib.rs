@@ -11,7 +11,9 @@ use reliability::relay::Relay;
 
 mod slot;
 
-pub use slot::{ACTIVE, LAG, METRICS, RETAINED_WAL, SlotStatus, slot_status, watch_slot};
+pub use slot::{
+    ACTIVE, LAG, METRICS, RETAINED_WAL, SlotStatus, ensure_slot, slot_status, watch_slot,
+};
 
 /// The publication of the outbox's inserts (reliability migration 0014).
 pub const PUBLICATION: &str = "reliability_outbox";
@@ -41,6 +43,8 @@ pub enum Error {
     Replication(#[from] pg_walstream::ReplicationError),
     #[error(transparent)]
     Relay(#[from] reliability::Error),
+    #[error("creating the slot: {0}")]
+    Slot(#[from] sqlx::Error),
     #[error("an outbox insert without a readable id: {0}")]
     Decode(String),
 }
@@ -150,6 +154,7 @@ impl LogRelay {
             .with_protocol_version(1)
             .with_streaming_mode(StreamingMode::Off)
             .with_feedback_interval(FEEDBACK_EVERY);
+        slot::ensure_slot(&self.config.replication_url, &self.config.slot).await?;
         let mut stream =
             LogicalReplicationStream::new(&self.config.connection_string(), config).await?;
         // Refused while another relay reads the slot (it is active): this

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 /// WAL the slot keeps (from its restart position to the server's end).
@@ -40,7 +40,9 @@ pub const METRICS: &[Metric] = &[
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SlotStatus {
-    /// A relay reads it now.
+    /// A relay reads it now: a walsender holds it. Not a backend that is
+    /// creating it, which holds it too while it waits for the running
+    /// transactions, before any commit can be read from it.
     pub active: bool,
     pub retained_wal_bytes: Option<i64>,
     pub lag_bytes: Option<i64>,
@@ -49,10 +51,11 @@ pub struct SlotStatus {
 /// The slot's status, `None` when it does not exist; sets the gauges.
 pub async fn slot_status(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotStatus>> {
     let status: Option<SlotStatus> = sqlx::query_as(
-        "SELECT active,
+        "SELECT active AND EXISTS (SELECT 1 FROM pg_stat_replication r WHERE r.pid = s.active_pid)
+                    AS active,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint AS retained_wal_bytes,
                 pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS lag_bytes
-         FROM pg_replication_slots WHERE slot_name = $1",
+         FROM pg_replication_slots s WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(pool)
@@ -65,6 +68,39 @@ pub async fn slot_status(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotS
         metrics::gauge!(ACTIVE, "slot" => slot).set(if s.active { 1.0 } else { 0.0 });
     }
     Ok(status)
+}
+
+/// Creates the logical slot `slot` (`pgoutput`) unless it exists, on a
+/// connection of its own to `url`, awaited.
+///
+/// Not the stream's own creation: `pg_walstream` creates it with a
+/// blocking call, and PostgreSQL makes a new logical slot wait for every
+/// transaction running on the server. On a current-thread runtime the
+/// call blocks the one thread that may be running one of those
+/// transactions: a deadlock that only `idle_in_transaction_session_timeout`
+/// broke (an e2e run's order answered 500 after 15 s). Two relays racing
+/// to create it: the loser finds it made (42710).
+pub async fn ensure_slot(url: &str, slot: &str) -> sqlx::Result<()> {
+    let mut conn = PgConnection::connect(url).await?;
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+    )
+    .bind(slot)
+    .fetch_one(&mut conn)
+    .await?;
+    if !exists {
+        let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(slot)
+            .execute(&mut conn)
+            .await;
+        match created {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    conn.close().await
 }
 
 /// How often [`watch_slot`] reads the slot.

@@ -238,3 +238,36 @@ async fn a_failed_batch_is_read_again_from_the_slot_and_stops_nothing_else() {
     assert_eq!(t.taken().await, ids);
     t.cleanup(running).await;
 }
+
+/// PostgreSQL makes a new logical slot wait for every transaction running
+/// on the server, and one of them may be on the relay's own thread (a
+/// current-thread runtime, as every in-process stack test runs). That
+/// transaction must still end. Fails without `ensure_slot`: the stream's
+/// blocking creation froze the thread until the server ended the
+/// transaction at its idle timeout.
+#[tokio::test]
+async fn a_new_slot_waits_for_a_transaction_on_the_relays_own_thread_and_does_not_freeze_it() {
+    let Some(t) = Setup::new().await else { return };
+    let mut open = t.db.owner.begin().await.unwrap();
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '10s'")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let running = t.spawn(FailPoints::none());
+    wait_until(DEADLINE, "the slot being made", || async {
+        slot_status(&t.db.admin, &t.slot).await.unwrap().is_some()
+    })
+    .await;
+    open.commit()
+        .await
+        .expect("the transaction ends: the relay did not freeze its thread");
+    t.read_by_a_relay(true).await;
+    let ids = t.commit("agg-1", 2).await;
+    t.published(2).await;
+    assert_eq!(t.taken().await, ids);
+    t.cleanup(running).await;
+}
