@@ -1,8 +1,9 @@
 //! `make bench`: the system measured against the raw limits of the same
 //! PostgreSQL and RabbitMQ, in one run, each figure next to its limit:
 //!
-//! 1. relay drain (1, 2, 4 relays) vs a raw publisher of the same messages
-//!    with pipelined confirms and no database, through lapin and through a
+//! 1. relay drain (1, 2, 4 relays, and one log relay reading the rows'
+//!    commits from its slot) vs a raw publisher of the same messages with
+//!    pipelined confirms and no database, through lapin and through a
 //!    client with no library (AMQP frames by hand);
 //! 2. consumer apply (dedup + state + offset + commit + ack) vs a raw
 //!    consume + ack of the same queue;

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Sizes, Table, cpu_self, pct, rawamqp};
 
+mod log;
 mod window;
 use window::{Publish, WINDOW};
 pub(crate) use window::{outgoing, sliding_window_publish};
@@ -225,6 +226,9 @@ pub(crate) async fn relay_and_consumer(s: &Sizes, t: &mut Table) -> anyhow::Resu
             ]);
         }
     }
+
+    purge().await?;
+    log::log_relay_drain(&db, &config, s.rows, raw, t).await?;
 
     // The queue now holds the last drain's messages.
     let m = s.consume;

@@ -1,0 +1,109 @@
+//! The log relay (docs/adr/0038) on the polling relay's rows, exchange and
+//! batch size: the rows are committed while its slot exists, four to a
+//! transaction (an order's events), and it reads them from the log and
+//! publishes them through the pipeline's relay.
+
+use std::time::{Duration, Instant};
+
+use log_relay::{LogRelay, LogRelayConfig};
+use reliability::relay::{Relay, RelayConfig};
+use testkit::{TestDb, amqp_url};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Table, cpu_self, pct};
+
+/// Rows per committed transaction: an order's events.
+const PER_COMMIT: i64 = 4;
+/// The drain's bound: a relay that stops reading fails the bench, named.
+const BOUND: Duration = Duration::from_secs(600);
+
+/// `rows` OrderPlaced-sized events, as [`super::fill`] makes them, each
+/// [`PER_COMMIT`] a transaction of their own (a DO block that commits).
+async fn fill_in_commits(db: &TestDb, rows: i64) -> anyhow::Result<()> {
+    sqlx::query("TRUNCATE outbox_messages")
+        .execute(&db.owner)
+        .await?;
+    let commits = rows / PER_COMMIT;
+    // Numbers only, ours: nothing to inject.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"DO $$ BEGIN FOR c IN 0..{last} LOOP
+             INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, headers)
+             SELECT 1 + g % 100, 'order', (g % 10000)::text, 'OrderPlaced',
+                    jsonb_build_object('order_id', g, 'customer_id', 'c-' || g, 'currency', 'EUR',
+                                       'total_cents', 2500, 'lines',
+                                       jsonb_build_array(jsonb_build_object('sku', 'SKU-1', 'quantity', 2, 'unit_price_cents', 1250))),
+                    '{{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}'
+             FROM generate_series(c * {PER_COMMIT} + 1, c * {PER_COMMIT} + {PER_COMMIT}) g;
+             COMMIT;
+           END LOOP; END $$"#,
+        last = commits - 1
+    )))
+    .execute(&db.owner)
+    .await?;
+    Ok(())
+}
+
+/// One log relay draining `rows` committed after its slot was made,
+/// against the sliding-window publisher's `raw` rate. Leaves the queue
+/// holding its messages.
+pub(super) async fn log_relay_drain(
+    db: &TestDb,
+    config: &RelayConfig,
+    rows: i64,
+    raw: f64,
+    t: &mut Table,
+) -> anyhow::Result<()> {
+    let what = format!("log relay drain, 1 relay, {rows} rows, {PER_COMMIT} per commit");
+    if !testkit::logical_decoding(&db.admin).await {
+        t.row([&what, "not measured", "wal_level is not logical", "", ""]);
+        return Ok(());
+    }
+    let mut log = LogRelayConfig::new(&db.url());
+    log.batch = usize::try_from(config.batch_size)?;
+    log_relay::ensure_slot(&db.url(), &log.slot).await?;
+    fill_in_commits(db, rows).await?;
+    let n = (rows / PER_COMMIT * PER_COMMIT) as f64;
+
+    let cpu0 = cpu_self();
+    let t0 = Instant::now();
+    let relay = LogRelay::new(
+        Relay::new(db.relay.clone(), &amqp_url(), config.clone()),
+        log,
+    );
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
+                .fetch_one(&db.owner)
+                .await?;
+        if pending == 0 {
+            break;
+        }
+        anyhow::ensure!(t0.elapsed() < BOUND, "{pending} rows left after {BOUND:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = (cpu_self() - cpu0) * 1000.0 / n;
+    stop.cancel();
+    task.await?;
+    let rate = n / secs;
+    t.row([
+        &what,
+        &format!("{rate:.0} events/s"),
+        &format!("sliding-window publish {raw:.0} msg/s"),
+        &pct(rate / raw),
+        ">= 70% with one relay",
+    ]);
+    t.row([
+        "log relay CPU per 1k events (this process)",
+        &format!("{:.0} ms", cpu * 1000.0),
+        "",
+        "",
+        "",
+    ]);
+    Ok(())
+}
