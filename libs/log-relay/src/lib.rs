@@ -7,6 +7,7 @@ use pg_walstream::{
     StreamingMode,
 };
 use reliability::broker::Publisher;
+use reliability::health::Health;
 use reliability::relay::Relay;
 
 mod slot;
@@ -32,6 +33,12 @@ pub const DEFAULT_STANDBY_RETRY: Duration = Duration::from_secs(1);
 const IDLE_CONFIRM: Duration = Duration::from_secs(1);
 /// How often PostgreSQL hears the confirmed position.
 const FEEDBACK_EVERY: Duration = Duration::from_secs(1);
+/// Its part of `/readyz`: ready while it reads the slot or waits behind
+/// the relay that does; not, with the reason, while it cannot read.
+pub const HEALTH_PART: &str = "log relay";
+/// PostgreSQL's answer to a relay starting a slot another relay reads
+/// (`object_in_use`): a standby, not a fault.
+const SLOT_IN_USE: &str = "[55006]";
 /// The outbox table, as pgoutput names it.
 const OUTBOX: &str = "outbox_messages";
 
@@ -108,6 +115,7 @@ pub fn slot_for(url: &str) -> String {
 pub struct LogRelay {
     relay: Relay,
     config: LogRelayConfig,
+    health: Health,
 }
 
 /// Commits read and not yet published: their rows, and where the last one
@@ -120,7 +128,17 @@ struct Pending {
 
 impl LogRelay {
     pub fn new(relay: Relay, config: LogRelayConfig) -> Self {
-        Self { relay, config }
+        Self {
+            relay,
+            config,
+            health: Health::default(),
+        }
+    }
+
+    /// Reports to `health` as [`HEALTH_PART`] (the process's `/readyz`).
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
     }
 
     /// Reads the log until `shutdown`: holding the slot, or waiting for it
@@ -128,6 +146,7 @@ impl LogRelay {
     /// slot's confirmed position, which replays what was not confirmed;
     /// a replayed row already published is not claimed again.
     pub async fn run(&self, shutdown: CancellationToken) {
+        self.health.starting(HEALTH_PART);
         loop {
             let read = async {
                 let publisher = self.relay.publisher().await?;
@@ -140,7 +159,13 @@ impl LogRelay {
                     Err(e) => e,
                 },
             };
-            tracing::info!(slot = %self.config.slot, error = %failed, "not reading the outbox's log; asking again");
+            if failed.to_string().contains(SLOT_IN_USE) {
+                self.health.ready(HEALTH_PART);
+                tracing::debug!(slot = %self.config.slot, "another relay reads the slot; asking again");
+            } else {
+                self.health.not_ready(HEALTH_PART, &failed);
+                tracing::info!(slot = %self.config.slot, error = %failed, "not reading the outbox's log; asking again");
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(self.config.standby_retry) => {}
@@ -160,6 +185,7 @@ impl LogRelay {
         // Refused while another relay reads the slot (it is active): this
         // one waits, and asks again.
         stream.start(None).await?;
+        self.health.ready(HEALTH_PART);
         tracing::info!(slot = %self.config.slot, "reading the outbox's log");
         // A child: the stream's shutdown cancels its token, which must not
         // be the process's (an e2e run stopped every task of the relay

@@ -10,6 +10,7 @@ use std::time::Duration;
 use log_relay::{LogRelay, LogRelayConfig, slot_status};
 use reliability::TenantTx;
 use reliability::failpoint::{self, Action, FailPoints};
+use reliability::health::Health;
 use reliability::outbox::{self, NewEvent};
 use reliability::relay::{Relay, RelayConfig};
 use serde_json::json;
@@ -48,13 +49,18 @@ impl Setup {
 
     /// A log relay on the slot, running until its token is cancelled.
     fn spawn(&self, points: FailPoints) -> Running {
+        self.spawn_as(points, &self.db.url(), Health::default())
+    }
+
+    /// A log relay reading as `url`, reporting to `health`.
+    fn spawn_as(&self, points: FailPoints, url: &str, health: Health) -> Running {
         let mut config = RelayConfig::new("svc", &self.broker.exchange);
         config.fail_points = points;
         let relay = Relay::new(self.db.relay.clone(), &amqp_url(), config);
-        let mut config = LogRelayConfig::new(&self.db.url());
+        let mut config = LogRelayConfig::new(url);
         config.slot = self.slot.clone();
         config.standby_retry = Duration::from_millis(200);
-        let relay = LogRelay::new(relay, config);
+        let relay = LogRelay::new(relay, config).with_health(health);
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
@@ -270,4 +276,49 @@ async fn a_new_slot_waits_for_a_transaction_on_the_relays_own_thread_and_does_no
     t.published(2).await;
     assert_eq!(t.taken().await, ids);
     t.cleanup(running).await;
+}
+
+/// `/readyz`: a relay reading the slot is ready, and so is one waiting
+/// behind it (a standby, not a fault); one that cannot read, here a role
+/// without REPLICATION, is not, and says why.
+#[tokio::test]
+async fn readiness_counts_a_standby_as_ready_and_names_why_a_relay_cannot_read() {
+    let Some(t) = Setup::new().await else { return };
+    let part = |health: &Health| {
+        let (_, parts) = health.report();
+        parts
+            .get(log_relay::HEALTH_PART)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (reader, standby, refused) = (Health::default(), Health::default(), Health::default());
+    let first = t.spawn_as(FailPoints::none(), &t.db.url(), reader.clone());
+    t.read_by_a_relay(true).await;
+    let second = t.spawn_as(FailPoints::none(), &t.db.url(), standby.clone());
+    let url = t.db.url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let server = rest.split_once('@').map_or(rest, |(_, server)| server);
+    let third = t.spawn_as(
+        FailPoints::none(),
+        &format!("{scheme}://commerce_app@{server}"),
+        refused.clone(),
+    );
+    wait_until(
+        DEADLINE,
+        "the standby and the refused relay tried",
+        || async {
+            let refused = part(&refused);
+            part(&standby) == "ok" && refused.is_string() && refused != "starting"
+        },
+    )
+    .await;
+    assert!(reader.report().0, "{:?}", reader.report());
+    assert!(!refused.report().0);
+    let why = part(&refused).to_string();
+    assert!(why.contains("replication"), "{why}");
+    for (stop, task) in [second, third] {
+        stop.cancel();
+        task.await.unwrap();
+    }
+    t.cleanup(first).await;
 }

@@ -99,7 +99,7 @@ impl Tasks {
         let relay = Relay::new(dbs.relay.clone(), &common.amqp_url, config);
         let config = log_relay::LogRelayConfig::new(&url);
         let slot = config.slot.clone();
-        let log = log_relay::LogRelay::new(relay, config);
+        let log = log_relay::LogRelay::new(relay, config).with_health(self.health.clone());
         let stop = self.shutdown.clone();
         self.spawn("log relay", async move {
             log.run(stop).await;
