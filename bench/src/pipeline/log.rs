@@ -58,8 +58,7 @@ pub(super) async fn log_relay_drain(
         t.row([&what, "not measured", "wal_level is not logical", "", ""]);
         return Ok(());
     }
-    let mut log = LogRelayConfig::new(&db.url());
-    log.batch = usize::try_from(config.batch_size)?;
+    let log = LogRelayConfig::new(&db.url());
     log_relay::ensure_slot(&db.url(), &log.slot).await?;
     fill_in_commits(db, rows).await?;
     let n = (rows / PER_COMMIT * PER_COMMIT) as f64;

@@ -24,6 +24,7 @@ use crate::trace::Span;
 use crate::{Error, Result};
 
 mod claim;
+mod message;
 mod order;
 mod publish;
 mod record;

@@ -133,8 +133,16 @@ impl Broker {
     /// Deletes an ordered subscription's partition queues, DLQ and hash
     /// exchange, then the rest as [`Broker::cleanup`].
     pub async fn cleanup_ordered(self, spec: &broker::QueueSpec) {
+        self.delete_ordered(spec).await;
+        self.cleanup(&[&spec.queue]).await;
+    }
+
+    /// Deletes an ordered subscription's partition queues, DLQ and hash
+    /// exchange, leaving the test's exchange.
+    pub async fn delete_ordered(&self, spec: &broker::QueueSpec) {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-        for q in spec.queues() {
+        let dlq = broker::dead_letter_queue(&spec.queue);
+        for q in spec.queues().into_iter().chain([dlq]) {
             let _ = self
                 .channel
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
@@ -147,7 +155,6 @@ impl Broker {
                 ExchangeDeleteOptions::default(),
             )
             .await;
-        self.cleanup(&[&spec.queue]).await;
     }
 
     /// Deletes the test's queues (and their DLQs) and exchange.

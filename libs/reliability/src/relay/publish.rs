@@ -3,16 +3,13 @@
 
 use std::collections::VecDeque;
 
-use serde_json::Value;
-
 use crate::Result;
-use crate::broker::{self, Outgoing, PublishFailure, Publisher};
+use crate::broker::{Outgoing, PublishFailure, Publisher};
 use crate::failpoint;
-use crate::outbox::Envelope;
-use crate::trace::{Kind, Span, TraceContext};
+use crate::trace::Span;
 
 use super::record::{defer, mark_processed, move_to_dlq, schedule_retry};
-use super::{BatchReport, Claimed, InFlight, Relay, order};
+use super::{BatchReport, InFlight, Relay, order};
 
 /// How long the window waits to open a connection for its next batch.
 /// PostgreSQL opens one in milliseconds; longer means the pool's last slot
@@ -204,15 +201,34 @@ impl Relay {
     /// [`crate::broker::Sent::settle`]). Returns when nothing more is due
     /// and every batch is settled.
     pub async fn relay_window(&self, publisher: &Publisher) -> Result<BatchReport> {
-        Ok(self.window_pass(publisher, usize::MAX).await?.0)
+        Ok(self
+            .window_pass(publisher, usize::MAX, Claims::Due)
+            .await?
+            .0)
     }
 
-    /// [`Relay::relay_window`], claiming at most `max_batches`; and whether
-    /// more may be due (it stopped at the limit, not for lack of rows).
+    /// [`Relay::relay_ids`] over any number of `ids`, `batch_size` a
+    /// batch, with the window of batches in flight (the log relay's). Rows
+    /// it leaves (held back, unconfirmed, or not claimed once the broker
+    /// blocked or failed to confirm) stay pending, for the polling sweep.
+    pub async fn relay_ids_window(
+        &self,
+        publisher: &Publisher,
+        ids: &[i64],
+    ) -> Result<BatchReport> {
+        let batch = usize::try_from(self.config.batch_size).unwrap_or(1).max(1);
+        let claims = Claims::Named(ids.chunks(batch).peekable());
+        Ok(self.window_pass(publisher, usize::MAX, claims).await?.0)
+    }
+
+    /// [`Relay::relay_window`] over `claims`, claiming at most
+    /// `max_batches`; and whether more may be due (it stopped at the
+    /// limit, not for lack of rows).
     pub(super) async fn window_pass(
         &self,
         publisher: &Publisher,
         max_batches: usize,
+        mut claims: Claims<'_>,
     ) -> Result<(BatchReport, bool)> {
         let mut total = BatchReport::default();
         let mut window: VecDeque<InFlight> = VecDeque::new();
@@ -236,6 +252,10 @@ impl Relay {
                 && window.len() < self.config.batches_in_flight.max(1)
                 && claimed < max_batches
             {
+                if claims.exhausted() {
+                    more = false;
+                    break;
+                }
                 // With batches in flight, never wait for a connection: the
                 // pool may be full of our own (or other relays') claims,
                 // released only as their confirms settle. Settle first.
@@ -257,13 +277,12 @@ impl Relay {
                         None => break,
                     }
                 };
-                match self.claim_and_send(tx, publisher, None).await? {
-                    Some(batch) => {
-                        more = batch.claimed as i64 == self.config.batch_size;
-                        claimed += 1;
-                        window.push_back(batch);
-                    }
-                    None => more = false,
+                let named = claims.next();
+                let batch = self.claim_and_send(tx, publisher, named).await?;
+                more = claims.more(batch.as_ref().map(|b| b.claimed), self.config.batch_size);
+                if let Some(batch) = batch {
+                    claimed += 1;
+                    window.push_back(batch);
                 }
             }
             let Some(oldest) = window.pop_front() else {
@@ -292,90 +311,39 @@ impl Relay {
             }
         }
     }
-
-    /// The message for `row`, and when the row is traced, the publish step
-    /// whose `traceparent` the message carries instead of the enqueue's.
-    fn outgoing(&self, row: &Claimed) -> Result<(Outgoing, Option<Span>)> {
-        let envelope = Envelope {
-            id: row.id,
-            source: self.config.source.clone(),
-            tenant_id: row.tenant_id,
-            aggregate_type: row.aggregate_type.clone(),
-            aggregate_id: row.aggregate_id.clone(),
-            event_type: row.event_type.clone(),
-            event_version: row.event_version,
-            occurred_at: row.occurred_at,
-            payload: row.payload.clone(),
-            aggregate_seq: row.aggregate_seq,
-        };
-        let mut headers = match &row.headers {
-            Value::Object(map) => map.clone(),
-            _ => Default::default(),
-        };
-        headers.extend(cloud_event_attributes(&envelope));
-        // What an ordered subscription's partition is chosen by.
-        headers.insert(
-            broker::PARTITION_HEADER.to_owned(),
-            Value::String(format!(
-                "{}/{}",
-                envelope.tenant_id,
-                envelope.aggregate_key()
-            )),
-        );
-        // The state rides on unchanged among the headers.
-        let state = headers
-            .get(crate::trace::STATE_HEADER)
-            .and_then(Value::as_str);
-        let parent = headers
-            .get(crate::trace::HEADER)
-            .and_then(Value::as_str)
-            .and_then(|parent| TraceContext::parse_with_state(parent, state));
-        let step = parent.map(|parent| {
-            let mut step = Span::start(
-                &self.config.source,
-                format!("publish {}", row.event_type),
-                Kind::Producer,
-                Some(parent),
-            );
-            step.set("messaging.system", "rabbitmq");
-            step.set("messaging.destination.name", self.config.exchange.clone());
-            step.set("messaging.message.id", envelope.message_id());
-            headers.insert(
-                crate::trace::HEADER.to_owned(),
-                Value::String(step.context().to_header()),
-            );
-            step
-        });
-        let message = Outgoing {
-            routing_key: envelope.routing_key(),
-            message_id: envelope.message_id(),
-            kind: envelope.event_type.clone(),
-            headers: broker::headers_from_json(&headers),
-            body: serde_json::to_vec(&envelope)?,
-        };
-        Ok((message, step))
-    }
 }
 
-/// The CloudEvents 1.0 attributes of `e` as `ce-` headers: the binary
-/// content mode (the body is the envelope, `content-type` the AMQP
-/// property), so any CloudEvents consumer can route and read it. `id` is
-/// unique per source, as the spec asks; `tenantid` is an extension.
-fn cloud_event_attributes(e: &Envelope) -> serde_json::Map<String, Value> {
-    [
-        ("ce-specversion", "1.0".to_owned()),
-        ("ce-id", e.message_id()),
-        ("ce-source", format!("/commerce/{}", e.source)),
-        ("ce-type", e.event_type.clone()),
-        ("ce-time", e.occurred_at.to_rfc3339()),
-        (
-            "ce-subject",
-            format!("{}/{}", e.aggregate_type, e.aggregate_id),
-        ),
-        ("ce-dataversion", e.event_version.to_string()),
-        ("ce-tenantid", e.tenant_id.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), Value::String(v)))
-    .collect()
+/// What a window claims: the due rows, or the named ones a batch at a time.
+pub(super) enum Claims<'a> {
+    Due,
+    Named(std::iter::Peekable<std::slice::Chunks<'a, i64>>),
+}
+
+impl<'a> Claims<'a> {
+    /// No named batch is left (the due rows are never exhausted up front).
+    fn exhausted(&mut self) -> bool {
+        match self {
+            Self::Due => false,
+            Self::Named(chunks) => chunks.peek().is_none(),
+        }
+    }
+
+    /// The next batch's ids; `None` for the due rows.
+    fn next(&mut self) -> Option<&'a [i64]> {
+        match self {
+            Self::Due => None,
+            Self::Named(chunks) => chunks.next(),
+        }
+    }
+
+    /// Whether to claim again after a batch that claimed `claimed` rows:
+    /// the due rows while a batch comes back full, named ones while any
+    /// batch of them is left (a batch of rows all published already
+    /// claims none).
+    fn more(&mut self, claimed: Option<usize>, batch_size: i64) -> bool {
+        match self {
+            Self::Due => claimed.is_some_and(|n| n as i64 == batch_size),
+            Self::Named(chunks) => chunks.peek().is_some(),
+        }
+    }
 }

@@ -13,6 +13,7 @@ use crate::{Error, Result};
 /// How soon a relay that held rows back (docs/adr/0028) looks again.
 const HELD_RETRY: Duration = Duration::from_millis(20);
 
+use super::publish::Claims;
 use super::{HEALTH_PART, NOTIFY_CHANNEL, Relay, TENANT_LAG, TENANT_PENDING, TOP_TENANTS};
 
 impl Relay {
@@ -58,7 +59,7 @@ impl Relay {
                 return Ok(());
             }
             // Bounded, so that gauges and shutdown get their turn under load.
-            let (report, more_due) = self.window_pass(publisher, 64).await?;
+            let (report, more_due) = self.window_pass(publisher, 64, Claims::Due).await?;
             if !publisher.is_usable() {
                 return Err(Error::ChannelClosed("publisher channel"));
             }

@@ -322,3 +322,37 @@ async fn named_rows_are_published_once_and_the_others_left_pending() {
     broker.cleanup(&[&queue]).await;
     db.cleanup().await;
 }
+
+/// The log relay's window (docs/adr/0038): named rows over several
+/// batches, some in flight at once, each published once and in id order;
+/// a batch of rows published already claims none and the next is still
+/// claimed; a row nobody names stays pending.
+#[tokio::test]
+async fn named_rows_in_a_window_of_batches_are_published_once_each() {
+    let db = TestDb::new().await;
+    let broker = Broker::new().await;
+    let queue = broker.queue(&["svc.*"]).await;
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        ids.push(enqueue_added(&db, 1, &format!("agg-{i}"), i).await);
+    }
+    let left = enqueue_added(&db, 2, "agg-x", 9).await;
+    let mut config = config(&broker);
+    config.batch_size = 2;
+    let relay = Relay::new(db.relay.clone(), &amqp_url(), config);
+    let publisher = relay.publisher().await.unwrap();
+    let first = relay.relay_ids_window(&publisher, &ids[..2]).await.unwrap();
+    assert_eq!(first.published, 2);
+    let report = relay.relay_ids_window(&publisher, &ids).await.unwrap();
+    assert_eq!((report.claimed, report.published), (5, 5), "{report:?}");
+    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
+    assert_eq!(got, ids, "each once, in id order");
+    let pending: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox_messages WHERE processed_at IS NULL")
+            .fetch_all(&db.owner)
+            .await
+            .unwrap();
+    assert_eq!(pending, [left], "left for the polling relay");
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
