@@ -53,23 +53,29 @@ impl Handler for Upsert {
     }
 }
 
-/// `rows` OrderPlaced-sized events over 100 tenants and 10 000 aggregates.
-async fn fill(db: &TestDb, rows: i64) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE outbox_messages")
-        .execute(&db.owner)
-        .await?;
-    sqlx::query(
+/// The bench's outbox rows, numbered by `g` (the caller's `FROM`):
+/// OrderPlaced-sized events over 100 tenants and 10 000 aggregates.
+macro_rules! outbox_rows {
+    () => {
         r#"INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, headers)
            SELECT 1 + g % 100, 'order', (g % 10000)::text, 'OrderPlaced',
                   jsonb_build_object('order_id', g, 'customer_id', 'c-' || g, 'currency', 'EUR',
                                      'total_cents', 2500, 'lines',
                                      jsonb_build_array(jsonb_build_object('sku', 'SKU-1', 'quantity', 2, 'unit_price_cents', 1250))),
-                  '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'
-           FROM generate_series(1, $1) g"#,
-    )
-    .bind(rows)
-    .execute(&db.owner)
-    .await?;
+                  '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'"#
+    };
+}
+use outbox_rows;
+
+/// `rows` OrderPlaced-sized events over 100 tenants and 10 000 aggregates.
+async fn fill(db: &TestDb, rows: i64) -> anyhow::Result<()> {
+    sqlx::query("TRUNCATE outbox_messages")
+        .execute(&db.owner)
+        .await?;
+    sqlx::query(concat!(outbox_rows!(), " FROM generate_series(1, $1) g"))
+        .bind(rows)
+        .execute(&db.owner)
+        .await?;
     sqlx::query("VACUUM ANALYZE outbox_messages")
         .execute(&db.owner)
         .await?;

@@ -17,26 +17,21 @@ const PER_COMMIT: i64 = 4;
 /// The drain's bound: a relay that stops reading fails the bench, named.
 const BOUND: Duration = Duration::from_secs(600);
 
-/// `rows` OrderPlaced-sized events, as [`super::fill`] makes them, each
+/// `rows` events, as [`super::fill`] makes them, each
 /// [`PER_COMMIT`] a transaction of their own (a DO block that commits).
 async fn fill_in_commits(db: &TestDb, rows: i64) -> anyhow::Result<()> {
     sqlx::query("TRUNCATE outbox_messages")
         .execute(&db.owner)
         .await?;
     let commits = rows / PER_COMMIT;
-    // Numbers only, ours: nothing to inject.
+    // Numbers and our own constant text: nothing to inject.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        r#"DO $$ BEGIN FOR c IN 0..{last} LOOP
-             INSERT INTO outbox_messages (tenant_id, aggregate_type, aggregate_id, event_type, payload, headers)
-             SELECT 1 + g % 100, 'order', (g % 10000)::text, 'OrderPlaced',
-                    jsonb_build_object('order_id', g, 'customer_id', 'c-' || g, 'currency', 'EUR',
-                                       'total_cents', 2500, 'lines',
-                                       jsonb_build_array(jsonb_build_object('sku', 'SKU-1', 'quantity', 2, 'unit_price_cents', 1250))),
-                    '{{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}'
+        "DO $$ BEGIN FOR c IN 0..{last} LOOP {rows}
              FROM generate_series(c * {PER_COMMIT} + 1, c * {PER_COMMIT} + {PER_COMMIT}) g;
              COMMIT;
-           END LOOP; END $$"#,
-        last = commits - 1
+           END LOOP; END $$",
+        last = commits - 1,
+        rows = super::outbox_rows!(),
     )))
     .execute(&db.owner)
     .await?;

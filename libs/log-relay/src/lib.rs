@@ -260,7 +260,7 @@ impl LogRelay {
         publisher: &Publisher,
         pending: &mut Pending,
     ) -> Result<(), Error> {
-        let mut report = self.relay.relay_ids_window(publisher, &pending.ids).await?;
+        let mut report = self.relay.relay_ids(publisher, &pending.ids).await?;
         // Where an ordered subscription binds, a batch holds back a row
         // whose aggregate an earlier batch of the window had in flight; that
         // one is settled now, so another pass publishes it rather than the
@@ -269,7 +269,7 @@ impl LogRelay {
         // pass publishes at least one, so it ends; what no pass can move
         // (another relay holds its aggregate) is the sweep's.
         while report.held > 0 && report.published > 0 {
-            report = self.relay.relay_ids_window(publisher, &pending.ids).await?;
+            report = self.relay.relay_ids(publisher, &pending.ids).await?;
         }
         confirm(events, pending.end_lsn).await?;
         *pending = Pending::default();

@@ -31,20 +31,6 @@ impl Relay {
         }
     }
 
-    /// Claims, publishes and marks the rows of `ids` still unpublished and
-    /// due, as one batch (the log relay's: the ids a log of the outbox's
-    /// commits showed it). Rows published already, or held by another
-    /// relay, are left alone: naming a row twice publishes it once.
-    #[tracing::instrument(skip_all, fields(source = %self.config.source, named = ids.len()))]
-    pub async fn relay_ids(&self, publisher: &Publisher, ids: &[i64]) -> Result<BatchReport> {
-        publisher.require_queues(&self.config.topology).await?;
-        let tx = self.pool.begin().await?;
-        match self.claim_and_send(tx, publisher, Some(ids)).await? {
-            Some(batch) => self.settle(batch).await,
-            None => Ok(BatchReport::default()),
-        }
-    }
-
     /// Claims a batch in `tx` (which stays open, holding the rows): the
     /// due rows, or the `named` ones; and publishes it without waiting for
     /// the confirms. None: nothing to publish.
@@ -207,15 +193,15 @@ impl Relay {
             .0)
     }
 
-    /// [`Relay::relay_ids`] over any number of `ids`, `batch_size` a
-    /// batch, with the window of batches in flight (the log relay's). Rows
-    /// it leaves (held back, unconfirmed, or not claimed once the broker
-    /// blocked or failed to confirm) stay pending, for the polling sweep.
-    pub async fn relay_ids_window(
-        &self,
-        publisher: &Publisher,
-        ids: &[i64],
-    ) -> Result<BatchReport> {
+    /// Claims, publishes and marks the rows of `ids` still unpublished and
+    /// due (the log relay's: the ids a log of the outbox's commits showed
+    /// it), `batch_size` a batch, with the window of batches in flight.
+    /// Rows published already, or held by another relay, are left alone:
+    /// naming a row twice publishes it once. Rows it leaves (held back,
+    /// unconfirmed, or not claimed once the broker blocked or failed to
+    /// confirm) stay pending, for the polling sweep.
+    #[tracing::instrument(skip_all, fields(source = %self.config.source, named = ids.len()))]
+    pub async fn relay_ids(&self, publisher: &Publisher, ids: &[i64]) -> Result<BatchReport> {
         let batch = usize::try_from(self.config.batch_size).unwrap_or(1).max(1);
         let claims = Claims::Named(ids.chunks(batch).peekable());
         Ok(self.window_pass(publisher, usize::MAX, claims).await?.0)

@@ -294,41 +294,13 @@ async fn the_tenant_view_names_the_top_tenants_and_sums_the_rest_and_forgets_the
     db.cleanup().await;
 }
 
-/// The log relay's batch (docs/adr/0038): the rows a caller names, those
-/// still unpublished; a row named again after it was published is not
-/// published twice, and a row nobody names stays for the polling relay.
+/// The log relay's batches (docs/adr/0038): the rows a caller names, those
+/// still unpublished, over several batches with some in flight at once,
+/// each published once and in id order. A batch of rows published already
+/// claims none and the next is still claimed; a row nobody names stays
+/// for the polling relay.
 #[tokio::test]
-async fn named_rows_are_published_once_and_the_others_left_pending() {
-    let db = TestDb::new().await;
-    let broker = Broker::new().await;
-    let queue = broker.queue(&["svc.*"]).await;
-    let a = enqueue_added(&db, 1, "agg-1", 5).await;
-    let b = enqueue_added(&db, 1, "agg-1", 6).await;
-    let c = enqueue_added(&db, 2, "agg-2", 7).await;
-    let relay = Relay::new(db.relay.clone(), &amqp_url(), config(&broker));
-    let publisher = relay.publisher().await.unwrap();
-    let report = relay.relay_ids(&publisher, &[b, a]).await.unwrap();
-    assert_eq!((report.claimed, report.published), (2, 2));
-    let again = relay.relay_ids(&publisher, &[a, b]).await.unwrap();
-    assert_eq!((again.claimed, again.published), (0, 0), "published once");
-    let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
-    assert_eq!(got, [a, b], "in id order");
-    let pending: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM outbox_messages WHERE processed_at IS NULL")
-            .fetch_all(&db.owner)
-            .await
-            .unwrap();
-    assert_eq!(pending, [c], "left for the polling relay");
-    broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
-}
-
-/// The log relay's window (docs/adr/0038): named rows over several
-/// batches, some in flight at once, each published once and in id order;
-/// a batch of rows published already claims none and the next is still
-/// claimed; a row nobody names stays pending.
-#[tokio::test]
-async fn named_rows_in_a_window_of_batches_are_published_once_each() {
+async fn named_rows_are_published_once_over_a_window_of_batches_and_the_others_left_pending() {
     let db = TestDb::new().await;
     let broker = Broker::new().await;
     let queue = broker.queue(&["svc.*"]).await;
@@ -341,10 +313,17 @@ async fn named_rows_in_a_window_of_batches_are_published_once_each() {
     config.batch_size = 2;
     let relay = Relay::new(db.relay.clone(), &amqp_url(), config);
     let publisher = relay.publisher().await.unwrap();
-    let first = relay.relay_ids_window(&publisher, &ids[..2]).await.unwrap();
-    assert_eq!(first.published, 2);
-    let report = relay.relay_ids_window(&publisher, &ids).await.unwrap();
-    assert_eq!((report.claimed, report.published), (5, 5), "{report:?}");
+    let first = relay
+        .relay_ids(&publisher, &[ids[1], ids[0]])
+        .await
+        .unwrap();
+    assert_eq!((first.claimed, first.published), (2, 2));
+    let report = relay.relay_ids(&publisher, &ids).await.unwrap();
+    assert_eq!(
+        (report.claimed, report.published),
+        (5, 5),
+        "published once: {report:?}"
+    );
     let got: Vec<i64> = broker.take_all(&queue).await.iter().map(|e| e.id).collect();
     assert_eq!(got, ids, "each once, in id order");
     let pending: Vec<i64> =
