@@ -33,12 +33,11 @@ pub fn available() -> bool {
     let Some(why) = missing() else {
         return true;
     };
-    assert!(
-        std::env::var("CONSOLE_BROWSER_TESTS").as_deref() != Ok("required"),
-        "{why}: CI runs the browser tests (scripts/browser.sh installs what they need)"
-    );
-    eprintln!("skipped: {why} (scripts/browser.sh installs it)");
-    false
+    crate::skipped(
+        "CONSOLE_BROWSER_TESTS",
+        &why,
+        "scripts/browser.sh installs what they need",
+    )
 }
 
 /// Runs `node SCRIPT ARGS…` in [`scripts`], bounded by coreutils'

@@ -374,3 +374,15 @@ pub async fn delete_broker_objects(queues: &[String], exchange: &str) {
     }
     let _ = reliability::broker::bounded(conn.close(200, "cleaned up".into())).await;
 }
+
+/// `false`, after saying why a test is skipped here: `why` it cannot run.
+/// Panics instead where `var` is `required` (CI, which installs or sets
+/// up what the test needs: `setup` says where).
+pub fn skipped(var: &str, why: &str, setup: &str) -> bool {
+    assert!(
+        std::env::var(var).as_deref() != Ok("required"),
+        "{why}: CI runs these tests ({setup})"
+    );
+    eprintln!("skipped: {why} ({setup})");
+    false
+}
