@@ -24,7 +24,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::broker::QueueSpec;
@@ -36,17 +35,21 @@ use crate::{Error, Result, TenantId, TenantTx};
 mod apply;
 mod causes;
 mod delivery;
+mod gather;
 mod kinds;
 mod ordered;
 mod park;
 mod replay;
 mod settle;
+mod stats;
 mod tries;
 
 pub use causes::error_class;
 pub use kinds::{Apply, Pg, Sink};
 pub use park::{ParkedAggregate, ParkedEvent, first_parked, parked, skip, unpark};
 pub use replay::Replayed;
+pub use stats::ConsumerStats;
+use stats::Counters;
 pub use tries::CRASH_TRIES;
 
 /// The ordered subscription's record-and-gate statement and its look-up
@@ -185,6 +188,10 @@ pub struct ConsumerConfig {
     /// lane gives up on it and its connection, costing a try
     /// ([`APPLY_BOUND`] by default).
     pub apply_bound: Duration,
+    /// How long a lane's group may wait to join the transaction of
+    /// another lane that has one in flight ([`GATHER_WAIT`] by default;
+    /// zero: never). A lane alone never waits (docs/adr/0039).
+    pub gather_wait: Duration,
     pub fail_points: FailPoints,
 }
 
@@ -195,6 +202,11 @@ pub struct ConsumerConfig {
 /// to it (docs/adr/0022, amended). sqlx sets no read timeout on its
 /// sockets; without it, a lane waited on TCP's retransmission for minutes.
 pub const APPLY_BOUND: Duration = Duration::from_secs(40);
+
+/// A group's wait for another lane's commit, at most: about one
+/// transaction of a group on this machine, so a wait is mostly ended by
+/// that commit, not by this bound (docs/adr/0039).
+pub const GATHER_WAIT: Duration = Duration::from_millis(5);
 
 impl ConsumerConfig {
     /// Queue `name` bound to `bindings` on `exchange`; 5 tries 200 ms apart
@@ -209,6 +221,7 @@ impl ConsumerConfig {
             batch_max: 32,
             lanes: 1,
             apply_bound: APPLY_BOUND,
+            gather_wait: GATHER_WAIT,
             fail_points: FailPoints::none(),
         }
     }
@@ -234,51 +247,8 @@ pub struct Consumer<A> {
     state: A,
     stats: Arc<Counters>,
     health: Health,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    applied: AtomicU64,
-    duplicates: AtomicU64,
-    dead_lettered: AtomicU64,
-    parked: AtomicU64,
-    retries: AtomicU64,
-    grouped: AtomicU64,
-    fallbacks: AtomicU64,
-    redelivered: AtomicU64,
-    lane_restarts: AtomicU64,
-}
-
-/// Deliveries this consumer finished since it was built (the same figures
-/// as its metrics, readable without a recorder).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ConsumerStats {
-    pub applied: u64,
-    pub duplicates: u64,
-    pub dead_lettered: u64,
-    /// Ordered subscriptions: events put in the parked store.
-    pub parked: u64,
-    /// Failed tries that were retried (handler errors and outages alike).
-    pub retries: u64,
-    /// Of the applied and duplicates, those committed as part of a group.
-    pub grouped: u64,
-    /// Groups that failed and were applied one at a time instead (a
-    /// handler error, or two appliers deadlocked: docs/adr/0010).
-    pub fallbacks: u64,
-    /// Deliveries that came back: a channel or connection (this process's
-    /// or another's) closed before acking them. Each counts toward the
-    /// queue's delivery limit, so blips must not return what they need not.
-    pub redelivered: u64,
-    /// Lanes that lost their connection or channel and reconnected on
-    /// their own, the others going on.
-    pub lane_restarts: u64,
-}
-
-impl ConsumerStats {
-    /// Deliveries acked (applied, duplicate or parked) or dead-lettered.
-    pub fn finished(&self) -> u64 {
-        self.applied + self.duplicates + self.parked + self.dead_lettered
-    }
+    /// Groups waiting to join another lane's transaction.
+    gather: gather::Gather,
 }
 
 /// Where one applier adds up its progress: a lane's own `consumer_offsets`
@@ -310,6 +280,7 @@ impl<A: Apply> Consumer<A> {
             state,
             stats: Arc::default(),
             health: Health::default(),
+            gather: gather::Gather::default(),
         }
     }
 
@@ -327,20 +298,6 @@ impl<A: Apply> Consumer<A> {
             format!("consumer {} lane {lane}", self.config.name)
         } else {
             format!("consumer {}", self.config.name)
-        }
-    }
-
-    pub fn stats(&self) -> ConsumerStats {
-        ConsumerStats {
-            applied: self.stats.applied.load(Ordering::Relaxed),
-            duplicates: self.stats.duplicates.load(Ordering::Relaxed),
-            dead_lettered: self.stats.dead_lettered.load(Ordering::Relaxed),
-            parked: self.stats.parked.load(Ordering::Relaxed),
-            retries: self.stats.retries.load(Ordering::Relaxed),
-            grouped: self.stats.grouped.load(Ordering::Relaxed),
-            fallbacks: self.stats.fallbacks.load(Ordering::Relaxed),
-            redelivered: self.stats.redelivered.load(Ordering::Relaxed),
-            lane_restarts: self.stats.lane_restarts.load(Ordering::Relaxed),
         }
     }
 

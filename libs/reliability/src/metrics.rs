@@ -74,6 +74,7 @@ pub const CONSUMER_MESSAGES: &str = "consumer_messages_total";
 pub const CONSUMER_RETRIES: &str = "consumer_retries_total";
 pub const CONSUMER_DEAD_LETTERED: &str = "consumer_dead_lettered_total";
 pub const CONSUMER_GROUP_FALLBACKS: &str = "consumer_group_fallbacks_total";
+pub const CONSUMER_GATHERED: &str = "consumer_gathered_total";
 pub const CONSUMER_REDELIVERED: &str = "consumer_redelivered_total";
 pub const CONSUMER_LANE_RESTARTS: &str = "consumer_lane_restarts_total";
 pub const CONSUMER_QUEUE_DEPTH: &str = "consumer_queue_depth";
@@ -126,6 +127,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric::new(CONSUMER_RETRIES, Counter, &["consumer"], "Failed tries that were retried."),
     Metric::new(CONSUMER_DEAD_LETTERED, Counter, &["consumer", "reason"], "Deliveries sent to the consumer's DLQ."),
     Metric::new(CONSUMER_GROUP_FALLBACKS, Counter, &["consumer"], "Grouped commits that failed and were applied one delivery at a time."),
+    Metric::new(CONSUMER_GATHERED, Counter, &["consumer"], "Events committed in another lane's transaction: groups that waited for a lane's commit and went with the next."),
     Metric::new(CONSUMER_REDELIVERED, Counter, &["consumer"], "Deliveries that came back: a channel or connection closed before acking them (each counts toward the queue's delivery limit)."),
     Metric::new(CONSUMER_LANE_RESTARTS, Counter, &["consumer"], "Lanes that lost their connection or channel and reconnected on their own, the other lanes going on."),
     Metric::new(CONSUMER_QUEUE_DEPTH, Gauge, &["consumer"], "Messages ready in the consumer's queue (its lag, in messages)."),

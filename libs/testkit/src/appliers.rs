@@ -196,6 +196,7 @@ fn total(consumers: &[Arc<Consumer<impl Apply>>]) -> ConsumerStats {
             retries: a.retries + b.retries,
             grouped: a.grouped + b.grouped,
             fallbacks: a.fallbacks + b.fallbacks,
+            gathered: a.gathered + b.gathered,
             redelivered: a.redelivered + b.redelivered,
             lane_restarts: a.lane_restarts + b.lane_restarts,
         })

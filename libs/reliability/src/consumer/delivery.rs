@@ -16,7 +16,8 @@ use crate::outbox::Envelope;
 use crate::supervise::supervise;
 use crate::{Error, Result};
 
-use super::{Apply, ApplyError, Consumer, Lane, Outcome};
+use super::gather::Joined;
+use super::{Apply, Consumer, Lane, Outcome};
 
 impl<A: Apply> Consumer<A> {
     /// Consumes until `shutdown`, reconnecting after broker or database
@@ -191,7 +192,10 @@ impl<A: Apply> Consumer<A> {
             // A worn delivery is parked on its own, untried (settle.rs); a
             // handed-back one is tried alone, its try recorded (tries.rs).
             let alone = |d: &Delivery| self.worn(d).is_some() || self.handed_back(d);
-            let carry_on = if group.len() > 1 && !group.iter().any(alone) {
+            // A group of one goes the group's way too where lanes gather:
+            // it may join another lane's transaction (gather.rs).
+            let gathers = self.config.lanes > 1 && !self.config.gather_wait.is_zero();
+            let carry_on = if (group.len() > 1 || gathers) && !group.iter().any(alone) {
                 self.process_group(group, shutdown, lane).await?
             } else {
                 self.process_each(group, shutdown, lane).await?
@@ -262,8 +266,8 @@ impl<A: Apply> Consumer<A> {
         if parsed.is_empty() {
             return Ok(true);
         }
-        match self.bounded(A::group(self, &parsed, lane)).await {
-            Ok(outcomes) => {
+        match self.apply_gathered(parsed, lane).await? {
+            Joined::Applied(parsed, outcomes) => {
                 self.config
                     .fail_points
                     .check(failpoint::CONSUMER_AFTER_COMMIT)?;
@@ -288,8 +292,8 @@ impl<A: Apply> Consumer<A> {
                 }
                 Ok(true)
             }
-            Err(ApplyError::FailPoint(name)) => Err(Error::FailPoint(name)),
-            Err(ApplyError::Handler(e)) => {
+            Joined::Crashed(name) => Err(Error::FailPoint(name)),
+            Joined::Failed(parsed, e) => {
                 tracing::debug!(consumer = %self.config.name, error = %e, size = parsed.len(), "group failed; applying one at a time");
                 self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(crate::metrics::CONSUMER_GROUP_FALLBACKS, "consumer" => self.config.name.clone())

@@ -17,6 +17,7 @@ use crate::support::{
 };
 
 mod failures;
+mod gather;
 mod lost_link;
 
 async fn setup() -> (TestDb, Broker, ConsumerConfig) {

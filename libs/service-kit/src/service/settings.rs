@@ -83,6 +83,10 @@ pub struct CommonSettings {
     /// consume the same queues too.
     #[arg(long, env = "CONSUMER_LANES", default_value_t = 4)]
     pub consumer_lanes: usize,
+    /// How long, in ms, a lane's group may wait to join the commit of
+    /// another lane that has one in flight (docs/adr/0039). 0: never.
+    #[arg(long, env = "CONSUMER_GATHER_WAIT_MS", default_value_t = reliability::consumer::GATHER_WAIT.as_millis() as u64)]
+    pub consumer_gather_wait_ms: u64,
     /// Connections of the runtime role's pool per process (HTTP handlers,
     /// consumer lanes, the payments worker). Every process of every replica
     /// holds its own pools: their sum must stay under PostgreSQL's
@@ -239,6 +243,7 @@ impl CommonSettings {
         let mut config = ConsumerConfig::new(sub.consumer, &self.exchange, sub.bindings);
         config.queue = self.queue_spec(sub)?;
         config.lanes = self.consumer_lanes.max(1);
+        config.gather_wait = std::time::Duration::from_millis(self.consumer_gather_wait_ms);
         config.fail_points = self.fail_points()?;
         Ok(config)
     }
