@@ -69,11 +69,24 @@ pub(super) async fn log_relay_drain(
         let stop = stop.clone();
         async move { relay.run(stop).await }
     });
+    // The last row committed is the last the log shows: watched by its
+    // key, which costs the server nothing, then every row checked once.
+    // (A count of the pending rows every 5 ms, as this loop first did,
+    // scanned the pending index's dead entries on each look and took
+    // PostgreSQL's time from the relay it measured.)
+    let last: i64 = sqlx::query_scalar("SELECT max(id) FROM outbox_messages")
+        .fetch_one(&db.owner)
+        .await?;
+    let mut look = "SELECT count(*) FROM outbox_messages WHERE id = $1 AND processed_at IS NULL";
     loop {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL")
-                .fetch_one(&db.owner)
-                .await?;
+        let pending: i64 = sqlx::query_scalar(look)
+            .bind(last)
+            .fetch_one(&db.owner)
+            .await?;
+        if pending == 0 && look.contains("id = $1") {
+            look = "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL AND $1 > 0";
+            continue;
+        }
         if pending == 0 {
             break;
         }
