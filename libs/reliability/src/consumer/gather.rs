@@ -136,15 +136,15 @@ impl<A: Apply> Consumer<A> {
             let _in_flight = InFlight::start(&self.gather);
             self.bounded(A::group(self, &all, lane)).await
         };
-        let (mut all, mut outcomes) = (all.into_iter(), result.as_ref().ok().map(|o| o.iter()));
+        let mut all = all.into_iter();
+        let mut outcomes = result.as_deref().unwrap_or_default().iter().copied();
         let mut own = None;
         for ((id, reply), n) in replies.into_iter().zip(sizes) {
             let parsed: Parsed = all.by_ref().take(n).collect();
-            let joined = match (&result, outcomes.as_mut()) {
-                (Ok(_), Some(o)) => Joined::Applied(parsed, o.by_ref().take(n).copied().collect()),
-                (Err(ApplyError::FailPoint(name)), _) => Joined::Crashed(name),
-                (Err(e), _) => Joined::Failed(parsed, e.to_string()),
-                (Ok(_), None) => unreachable!("outcomes are read from an Ok"),
+            let joined = match &result {
+                Ok(_) => Joined::Applied(parsed, outcomes.by_ref().take(n).collect()),
+                Err(ApplyError::FailPoint(name)) => Joined::Crashed(name),
+                Err(e) => Joined::Failed(parsed, e.to_string()),
             };
             if id == mine {
                 own = Some(joined);
