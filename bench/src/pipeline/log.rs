@@ -77,21 +77,21 @@ pub(super) async fn log_relay_drain(
     let last: i64 = sqlx::query_scalar("SELECT max(id) FROM outbox_messages")
         .fetch_one(&db.owner)
         .await?;
-    let mut look = "SELECT count(*) FROM outbox_messages WHERE id = $1 AND processed_at IS NULL";
-    loop {
-        let pending: i64 = sqlx::query_scalar(look)
-            .bind(last)
-            .fetch_one(&db.owner)
-            .await?;
-        if pending == 0 && look.contains("id = $1") {
-            look = "SELECT count(*) FROM outbox_messages WHERE processed_at IS NULL AND $1 > 0";
-            continue;
+    for look in [
+        "SELECT count(*) FROM outbox_messages WHERE id = $1 AND processed_at IS NULL",
+        "SELECT count(*) FROM outbox_messages WHERE id <= $1 AND processed_at IS NULL",
+    ] {
+        loop {
+            let pending: i64 = sqlx::query_scalar(look)
+                .bind(last)
+                .fetch_one(&db.owner)
+                .await?;
+            if pending == 0 {
+                break;
+            }
+            anyhow::ensure!(t0.elapsed() < BOUND, "{pending} rows left after {BOUND:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        if pending == 0 {
-            break;
-        }
-        anyhow::ensure!(t0.elapsed() < BOUND, "{pending} rows left after {BOUND:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (cpu_self() - cpu0) * 1000.0 / n;
