@@ -21,6 +21,8 @@ pub struct Client {
     /// the one, never the other.
     pub answered_500: std::sync::atomic::AtomicU64,
     pub answered_503: std::sync::atomic::AtomicU64,
+    /// Answers 429 seen by `post`: refusals by admission or rate limits.
+    pub answered_429: std::sync::atomic::AtomicU64,
 }
 
 impl Client {
@@ -35,6 +37,7 @@ impl Client {
             payments: layout.url("payments"),
             answered_500: Default::default(),
             answered_503: Default::default(),
+            answered_429: Default::default(),
         })
     }
 
@@ -70,6 +73,7 @@ impl Client {
                 let counter = match status {
                     500 => Some(&self.answered_500),
                     503 => Some(&self.answered_503),
+                    429 => Some(&self.answered_429),
                     _ => None,
                 };
                 if let Some(c) = counter {

@@ -127,6 +127,8 @@ struct Seen {
     at: Option<Instant>,
     /// Work decided per second, smoothed over the counts.
     drain_per_sec: f64,
+    /// The first count, or the last one that found work decided.
+    progress_at: Option<Instant>,
     /// Admitted by this process since the last count.
     admitted: i64,
     refreshing: bool,
@@ -218,7 +220,12 @@ impl Backlog {
             return Ok(());
         }
         metrics::counter!(REFUSED).increment(1);
-        Err(retry_after(in_flight + 1 - limit, seen.drain_per_sec))
+        let waited = seen.progress_at.map_or(Duration::ZERO, |at| at.elapsed());
+        Err(retry_after(
+            in_flight + 1 - limit,
+            seen.drain_per_sec,
+            waited,
+        ))
     }
 
     async fn count(&self, tenant: TenantId, mark: Option<i64>) -> Result<(i64, i64, i64, i64)> {
@@ -262,6 +269,9 @@ impl Seen {
         if let (Some(at), Some(_)) = (self.at, self.mark) {
             let secs = now.duration_since(at).as_secs_f64().max(0.001);
             let decided = (self.in_flight + created - in_flight).max(0) as f64;
+            if decided > 0.0 {
+                self.progress_at = Some(now);
+            }
             let sample = decided / secs;
             self.drain_per_sec = if self.drain_per_sec == 0.0 {
                 sample
@@ -272,6 +282,7 @@ impl Seen {
         self.in_flight = in_flight;
         self.stuck = stuck;
         self.mark = Some(mark);
+        self.progress_at.get_or_insert(now);
         self.at = Some(now);
         self.admitted = 0;
     }
@@ -295,13 +306,18 @@ impl Seen {
 }
 
 /// Seconds until `excess` units of work are decided at `drain_per_sec`,
-/// within 1 and [`MAX_RETRY_AFTER_SECS`].
-pub fn retry_after(excess: i64, drain_per_sec: f64) -> u32 {
-    if drain_per_sec <= 0.0 {
-        return MAX_RETRY_AFTER_SECS;
-    }
-    let secs = (excess.max(1) as f64 / drain_per_sec).ceil();
-    (secs as u32).clamp(1, MAX_RETRY_AFTER_SECS)
+/// within 1 and [`MAX_RETRY_AFTER_SECS`]. While none of the tenant's work
+/// has been seen decided, the rate is not known: a tenant's first burst
+/// has none decided yet, and a stalled pipeline none for long. The client
+/// then waits as long as nothing has been decided (`undecided_for`): 1 s
+/// at a first burst, a minute once the pipeline has stalled for one.
+pub fn retry_after(excess: i64, drain_per_sec: f64, undecided_for: Duration) -> u32 {
+    let secs = if drain_per_sec > 0.0 {
+        excess.max(1) as f64 / drain_per_sec
+    } else {
+        undecided_for.as_secs_f64()
+    };
+    (secs.ceil() as u32).clamp(1, MAX_RETRY_AFTER_SECS)
 }
 
 #[cfg(test)]
@@ -310,10 +326,22 @@ mod tests {
 
     #[test]
     fn retry_after_follows_the_drain_rate_within_its_bounds() {
-        assert_eq!(retry_after(10, 5.0), 2);
-        assert_eq!(retry_after(1, 100.0), 1);
-        assert_eq!(retry_after(10_000, 1.0), MAX_RETRY_AFTER_SECS);
-        assert_eq!(retry_after(3, 0.0), MAX_RETRY_AFTER_SECS);
+        let none = Duration::ZERO;
+        assert_eq!(retry_after(10, 5.0, none), 2);
+        assert_eq!(retry_after(1, 100.0, none), 1);
+        assert_eq!(retry_after(10_000, 1.0, none), MAX_RETRY_AFTER_SECS);
+    }
+
+    #[test]
+    fn with_nothing_decided_yet_retry_after_grows_with_the_wait() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_after(3, 0.0, ms(300)), 1, "a first burst");
+        assert_eq!(retry_after(3, 0.0, ms(12_400)), 13);
+        assert_eq!(
+            retry_after(3, 0.0, ms(600_000)),
+            MAX_RETRY_AFTER_SECS,
+            "a stalled pipeline"
+        );
     }
 
     #[test]
