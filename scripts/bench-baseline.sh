@@ -4,7 +4,7 @@
 # core-second against the main the issue was written against). Prints the
 # directory that holds them.
 #
-#   scripts/bench-baseline.sh [REV]     # REV defaults to 953eb30
+#   scripts/bench-baseline.sh [REV]     # REV defaults to 953eb30 (make bench: f3ff5b8)
 #   BASELINE_PROFILE=debug scripts/bench-baseline.sh   # make e2e-upgrade's
 #
 # The build shares this tree's target directory, so only the workspace's
@@ -18,6 +18,9 @@ case $target in /*) ;; *) target=$root/$target ;; esac
 profile=${BASELINE_PROFILE:-release}
 out=$target/baseline/$rev-$profile
 bins=(orders inventory payments projection psp-sim)
+# The graph too where the revision has one: the same subscriptions as
+# this tree's stack (953eb30, make e2e-upgrade's, has none).
+if git -C "$root" cat-file -e "$rev:services/graph" 2>/dev/null; then bins+=(graph); fi
 if [ -x "$out/bin/psp-sim" ]; then
   echo "$out/bin"
   exit 0

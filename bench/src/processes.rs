@@ -63,7 +63,7 @@ pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
             &format!("{now:.0} now"),
             &format!("{then:.0} at {rev}"),
             &format!("{:.2}x", now / then.max(0.001)),
-            ">= 2x",
+            ">= 1.6x",
         ]);
     }
     Ok(())

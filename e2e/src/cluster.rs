@@ -268,10 +268,10 @@ pub async fn launch_built(
     let expected = if bins.is_none() {
         queues(&prefix)
     } else {
-        // Another build (the bench's baseline, 953eb30) predates ordered
-        // subscriptions (docs/adr/0028) and may lack a service of today's
-        // roster: it declares only the order-free queues of the services
-        // it has.
+        // Another build may predate ordered subscriptions (docs/adr/0028;
+        // make e2e-upgrade's 953eb30) and lack a service of today's
+        // roster: only the order-free queues of the services it has are
+        // awaited (the bench's f3ff5b8 declares the ordered ones too).
         queues_of(
             contracts::topology::ALL.iter().filter(|s| {
                 s.partitions == 0 && bin(s.consumer.split('.').next().unwrap_or_default()).exists()
