@@ -18,7 +18,8 @@ pub(super) struct Seen {
     pub(super) at: Option<Instant>,
     /// Work decided per second, smoothed over the counts.
     pub(super) drain_per_sec: f64,
-    /// The first count, or the last one that found work decided.
+    /// The first count, or the last one that found work decided or none
+    /// in flight before it: since then, work has waited undecided.
     pub(super) progress_at: Option<Instant>,
     /// Admitted by this process since the last count.
     pub(super) admitted: i64,
@@ -34,15 +35,21 @@ impl Seen {
         if let (Some(at), Some(_)) = (self.at, self.mark) {
             let secs = now.duration_since(at).as_secs_f64().max(0.001);
             let decided = (self.in_flight + created - in_flight).max(0) as f64;
-            if decided > 0.0 {
+            // Nothing in flight at the last count: what is in flight now
+            // came since, so nothing has waited long; and if none of it
+            // was decided, the tenant was idle, which says nothing of the
+            // pipeline's rate.
+            if decided > 0.0 || self.in_flight == 0 {
                 self.progress_at = Some(now);
             }
-            let sample = decided / secs;
-            self.drain_per_sec = if self.drain_per_sec == 0.0 {
-                sample
-            } else {
-                0.5 * self.drain_per_sec + 0.5 * sample
-            };
+            if decided > 0.0 || self.in_flight > 0 {
+                let sample = decided / secs;
+                self.drain_per_sec = if self.drain_per_sec == 0.0 {
+                    sample
+                } else {
+                    0.5 * self.drain_per_sec + 0.5 * sample
+                };
+            }
         }
         self.in_flight = in_flight;
         self.stuck = stuck;
@@ -138,5 +145,26 @@ mod tests {
             3,
             "a fixed bound under the floor holds"
         );
+    }
+
+    /// A tenant back after a quiet spell, with nothing in flight then, is
+    /// not behind a stalled pipeline; work in flight that nothing decides
+    /// for as long is.
+    #[test]
+    fn an_idle_tenant_is_not_a_stalled_pipeline() {
+        let then = Instant::now() - Duration::from_secs(90);
+        let counted = |in_flight| Seen {
+            in_flight,
+            mark: Some(1),
+            at: Some(then),
+            progress_at: Some(then),
+            ..Seen::default()
+        };
+        let mut idle = counted(0);
+        idle.update(40, 40, 2, 0);
+        assert_eq!(idle.retry_after(10), 1, "a burst after 90 s of nothing");
+        let mut stalled = counted(40);
+        stalled.update(40, 0, 1, 0);
+        assert_eq!(stalled.retry_after(10), MAX_RETRY_AFTER_SECS);
     }
 }
