@@ -119,21 +119,23 @@ async fn stack(
     let idle_secs = idle_t0.elapsed().as_secs_f64();
     // The same load against a provider answering at once, in 100 ms and in
     // 300 ms (real providers: 200-800 ms); 4 fresh tenants each time.
-    let mut rounds = vec![(0_u64, false), (100, false), (300, false)];
+    // (provider latency, admission on, the round without admission again)
+    let mut rounds = vec![
+        (0_u64, false, false),
+        (100, false, false),
+        (300, false, false),
+    ];
     if baseline.is_none() {
         // The admission round, and the round without it once more: the
         // round it is compared with is the mean of the two around it, so
         // that what drifts within a run (this VM's neighbours, the tables'
         // growth) does not pass for admission's cost.
-        rounds.extend([(0, true), (0, false)]);
+        rounds.extend([(0, true, false), (0, false, true)]);
     }
-    let last_round = rounds.len() - 1;
     // Decided per second at provider 0 ms without admission, and with it,
     // for the same-run comparison.
     let (mut unadmitted_rate, mut admitted_rate) = (None, None);
-    for (round, (latency_ms, admission)) in rounds.into_iter().enumerate() {
-        // The round without admission again, after the admission round.
-        let again = round == last_round && round > 2;
+    for (round, (latency_ms, admission, again)) in rounds.into_iter().enumerate() {
         client
             .http
             .post(format!("{}/control/faults", layout.url("psp-sim")))

@@ -58,9 +58,7 @@ impl Seen {
         self.at = Some(now);
         self.admitted = 0;
     }
-}
 
-impl Seen {
     /// What the tenant may have in flight: `fixed`, or under a `horizon`
     /// what the pipeline decides of its work in that long (Little's law:
     /// the work in flight that keeps its decisions `horizon` behind), within
@@ -75,9 +73,7 @@ impl Seen {
         let derived = (self.drain_per_sec * horizon.as_secs_f64()).ceil() as i64;
         derived.max(i64::from(DERIVED_FLOOR)).min(fixed)
     }
-}
 
-impl Seen {
     /// `Retry-After` for `excess` units of work over the bound.
     pub(super) fn retry_after(&self, excess: i64) -> u32 {
         let waited = self.progress_at.map_or(Duration::ZERO, |at| at.elapsed());
@@ -152,7 +148,9 @@ mod tests {
     /// for as long is.
     #[test]
     fn an_idle_tenant_is_not_a_stalled_pipeline() {
-        let then = Instant::now() - Duration::from_secs(90);
+        let then = Instant::now()
+            .checked_sub(Duration::from_secs(90))
+            .expect("a monotonic clock 90 s past its start");
         let counted = |in_flight| Seen {
             in_flight,
             mark: Some(1),

@@ -64,8 +64,9 @@ async fn a_tenant_at_its_bound_is_refused_with_its_key_left_free_and_its_retries
     assert_eq!((status, code.as_str()), (429, "backlog_full"));
     let secs = retry_after.expect("a Retry-After");
     // None of the tenant's work has been decided yet: a first burst, not
-    // a stalled pipeline, so it is asked back within a second, not a minute.
-    assert_eq!(secs, 1, "Retry-After {secs}");
+    // a stalled pipeline, so it is asked back in about a second (what has
+    // passed since its first order), not a minute.
+    assert!(secs <= 5, "Retry-After {secs}");
     assert_eq!(
         keys_of(&app, BOUNDED, "k3").await,
         0,
