@@ -79,6 +79,19 @@ need_servers() {
       exit 1
     fi
   fi
+  # Every published outbox row leaves a dead row behind it; a server with
+  # autovacuum off (a CI config) never clears them nor counts the tables,
+  # and the relays cost more each minute (bench/src/server.rs). Said, not
+  # changed: the server is the developer's.
+  if command -v psql >/dev/null; then
+    local autovacuum
+    autovacuum=$(psql -h "$PG_HOST" -p "$PG_PORT" -U "${PGUSER:-postgres}" -Atc 'SHOW autovacuum' 2>/dev/null || true)
+    if [[ $autovacuum == off ]]; then
+      echo "warning: autovacuum is off on this PostgreSQL: the outboxes' dead rows are never" >&2
+      echo "  cleared and the relays slow down as the stack runs. As a superuser:" >&2
+      echo "  ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();" >&2
+    fi
+  fi
   # The projection's history is an ordered subscription: its partitions
   # hang off a consistent-hash exchange, a plugin that ships with RabbitMQ
   # and is off by default (docs/adr/0028). Enabled here where this user may.

@@ -29,6 +29,7 @@ mod pipeline;
 mod processes;
 mod rawamqp;
 mod saga;
+mod server;
 
 use api::http;
 use pipeline::relay_and_consumer;

@@ -10,7 +10,7 @@ use e2e::cluster::{self, Client, Layout};
 use serde_json::json;
 
 use crate::cost::{self, STATS_FLUSH};
-use crate::{Sizes, Table, pct};
+use crate::{Sizes, Table, pct, server};
 
 /// The admission of the last round's tenants: a bound derived from what
 /// the pipeline decides (`ADMISSION_HORIZON_MS`, docs/adr/0027 amended in
@@ -32,6 +32,22 @@ const CEILING: u32 = 1000;
 /// through that build, and each round's decided orders per core-second are
 /// printed side by side.
 pub(crate) async fn processes(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
+    let admin =
+        reliability::db::pool(std::str::FromStr::from_str(&testkit::database_url())?, 1).await?;
+    let autovacuum = server::Autovacuum::on(&admin).await?;
+    t.row([
+        "autovacuum in the rounds of the stack as processes",
+        autovacuum.describe(),
+        "",
+        "",
+        "as production runs it",
+    ]);
+    let result = both_stacks(s, t).await;
+    autovacuum.restore(&admin).await?;
+    result
+}
+
+async fn both_stacks(s: &Sizes, t: &mut Table) -> anyhow::Result<()> {
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {
