@@ -29,12 +29,7 @@ impl Autovacuum {
             .await?;
         let turned_on = setting == "off";
         if turned_on {
-            sqlx::query("ALTER SYSTEM SET autovacuum = on")
-                .execute(admin)
-                .await?;
-            sqlx::query("SELECT pg_reload_conf()")
-                .execute(admin)
-                .await?;
+            alter(admin, "ALTER SYSTEM SET autovacuum = on").await?;
             println!("   autovacuum: on for these rounds (the server has it off)");
         }
         Ok(Self { turned_on })
@@ -52,13 +47,17 @@ impl Autovacuum {
     /// The server's own setting again.
     pub(crate) async fn restore(self, admin: &PgPool) -> anyhow::Result<()> {
         if self.turned_on {
-            sqlx::query("ALTER SYSTEM RESET autovacuum")
-                .execute(admin)
-                .await?;
-            sqlx::query("SELECT pg_reload_conf()")
-                .execute(admin)
-                .await?;
+            alter(admin, "ALTER SYSTEM RESET autovacuum").await?;
         }
         Ok(())
     }
+}
+
+/// `statement`, an `ALTER SYSTEM`, and the reload that applies it.
+async fn alter(admin: &PgPool, statement: &'static str) -> anyhow::Result<()> {
+    sqlx::query(statement).execute(admin).await?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(admin)
+        .await?;
+    Ok(())
 }
