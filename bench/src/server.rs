@@ -13,7 +13,9 @@
 //!
 //! `autovacuum` takes a reload, not a restart. The setting goes back to
 //! the server's own at the end (`ALTER SYSTEM RESET`); a bench killed
-//! before that leaves it on, which costs the developer nothing.
+//! before that leaves it on, which costs the developer nothing. (An
+//! `autovacuum = off` set by `ALTER SYSTEM` itself is reset with it, to
+//! the configuration files' value.)
 
 use sqlx::PgPool;
 
