@@ -24,6 +24,7 @@ use report::{Row, report, untouched_row, verified_row};
 use run::{LAYOUT, Run, SKIPPED, Scenario, bin, charge_dead_letters, settle};
 
 mod alarm;
+mod broker_state;
 mod crashes;
 mod cutoff;
 mod drift;
@@ -208,48 +209,20 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
         let secs = t0.elapsed().as_secs_f64();
         match (&skipped, verdict.violations.as_slice()) {
             (_, [_, ..]) => {
+                // The short ones first (a DLQ, a park, an event never
+                // applied): CI's summary keeps a line's first 1,500
+                // characters, and a graph's shapes are long.
+                let mut said: Vec<&str> = verdict.violations.iter().map(String::as_str).collect();
+                said.sort_by_key(|v| v.len());
                 println!(
-                    "   FAIL {name} ({secs:.1} s): {}",
-                    verdict.violations.join("; ")
+                    "   FAIL {name} ({secs:.1} s): {} violations: {}",
+                    said.len(),
+                    said.join("; ")
                 );
                 if let Err(e) = charge_dead_letters(&mut run).await {
                     println!("   dead letters not counted: {e:#}");
                 }
-                // Where the missing work waits, if in the broker: ready,
-                // held unacked by a live channel or by none (a queue's
-                // unacked beyond its channels' sum), or never routed (a
-                // binding gone). For the next reader's cause.
-                for (what, args) in [
-                    (
-                        "queues (name ready unacked consumers leader)",
-                        &[
-                            "list_queues",
-                            "name",
-                            "messages_ready",
-                            "messages_unacknowledged",
-                            "consumers",
-                            "leader",
-                        ][..],
-                    ),
-                    (
-                        "channels (name unacked)",
-                        &["list_channels", "name", "messages_unacknowledged"][..],
-                    ),
-                    (
-                        "bindings (source destination key)",
-                        &[
-                            "list_bindings",
-                            "source_name",
-                            "destination_name",
-                            "routing_key",
-                        ][..],
-                    ),
-                ] {
-                    match run.world.ctl(0, args).await {
-                        Ok(listed) => println!("   {what}:\n{listed}"),
-                        Err(e) => println!("   {what}: not listed ({e:#})"),
-                    }
-                }
+                broker_state::print(&run).await;
             }
             (Some(why), []) => println!("   SKIP {name}: {why}"),
             (None, []) => println!("   PASS {name} ({secs:.1} s): {faults}"),
