@@ -16,6 +16,12 @@ pub struct Subscription {
     /// through K partition queues with one active consumer each
     /// (docs/adr/0028).
     pub partitions: u16,
+    /// An ordered subscription bound to every event its sources number in
+    /// each of its aggregates: a number skipped is an event still on its
+    /// way (a delivery the broker holds back, a relay's retry), never one
+    /// the bindings leave out. Its gate waits for it, within a bound,
+    /// before it applies a later one (docs/adr/0040).
+    pub whole: bool,
 }
 
 impl Subscription {
@@ -25,6 +31,7 @@ impl Subscription {
             consumer,
             bindings,
             partitions: 0,
+            whole: false,
         }
     }
 
@@ -35,44 +42,45 @@ impl Subscription {
         self
     }
 
+    /// The same subscription, bound to every event of its aggregates
+    /// that their sources number (see [`Subscription::whole`]).
+    pub const fn whole(mut self) -> Self {
+        self.whole = true;
+        self
+    }
+
     pub const fn is_ordered(&self) -> bool {
         self.partitions > 0
     }
 }
 
 /// inventory reserves on placement and settles on the decision.
-pub const INVENTORY_STOCK: Subscription = Subscription {
-    consumer: "inventory.stock",
-    bindings: &[
+pub const INVENTORY_STOCK: Subscription = Subscription::new(
+    "inventory.stock",
+    &[
         "orders.OrderPlaced",
         "orders.OrderConfirmed",
         "orders.OrderCancelled",
     ],
-    partitions: 0,
-};
+);
 /// payments records a payment once stock is reserved.
-pub const PAYMENTS_CHARGES: Subscription = Subscription {
-    consumer: "payments.charges",
-    bindings: &["inventory.InventoryReserved"],
-    partitions: 0,
-};
+pub const PAYMENTS_CHARGES: Subscription =
+    Subscription::new("payments.charges", &["inventory.InventoryReserved"]);
 /// orders decides on the reservation's or the payment's outcome.
-pub const ORDERS_SAGA: Subscription = Subscription {
-    consumer: "orders.saga",
-    bindings: &[
+pub const ORDERS_SAGA: Subscription = Subscription::new(
+    "orders.saga",
+    &[
         "inventory.InventoryRejected",
         "payments.PaymentCaptured",
         "payments.PaymentFailed",
     ],
-    partitions: 0,
-};
+);
 /// The projection takes every event (and ignores what is not an order's),
 /// so every event has at least one subscriber.
-pub const PROJECTION_VIEWS: Subscription = Subscription {
-    consumer: "projection.views",
-    bindings: &["orders.*", "inventory.*", "payments.*"],
-    partitions: 0,
-};
+pub const PROJECTION_VIEWS: Subscription = Subscription::new(
+    "projection.views",
+    &["orders.*", "inventory.*", "payments.*"],
+);
 
 /// The projection's history: each order's and each product's events
 /// in the order they happened, so ordered per aggregate (docs/adr/0028).
@@ -80,7 +88,8 @@ pub const PROJECTION_HISTORY: Subscription = Subscription::new(
     "projection.history",
     &["orders.*", "inventory.StockAdjusted"],
 )
-.ordered(4);
+.ordered(4)
+.whole();
 
 /// The graph takes every event into its property graph (customers,
 /// orders, products, payments); order-free, like the views.

@@ -36,6 +36,7 @@ mod apply;
 mod causes;
 mod delivery;
 mod gather;
+mod hold;
 mod kinds;
 mod ordered;
 mod park;
@@ -192,6 +193,10 @@ pub struct ConsumerConfig {
     /// another lane that has one in flight ([`GATHER_WAIT`] by default;
     /// zero: never). A lane alone never waits (docs/adr/0039).
     pub gather_wait: Duration,
+    /// How long an aggregate of a whole ordered subscription waits for a
+    /// number skipped before its later events are applied over the gap
+    /// ([`GAP_WAIT`] by default, docs/adr/0040).
+    pub gap_wait: Duration,
     pub fail_points: FailPoints,
 }
 
@@ -208,6 +213,12 @@ pub const APPLY_BOUND: Duration = Duration::from_secs(40);
 /// that commit, not by this bound (docs/adr/0039).
 pub const GATHER_WAIT: Duration = Duration::from_millis(5);
 
+/// A skipped number's wait, at most (docs/adr/0040): longer than a relay's
+/// retry of a refused publish and a broker's return of what a lost
+/// consumer held, short enough that an event truly gone (a dead letter)
+/// holds its aggregate back for a minute, not for good.
+pub const GAP_WAIT: Duration = Duration::from_secs(60);
+
 impl ConsumerConfig {
     /// Queue `name` bound to `bindings` on `exchange`; 5 tries 200 ms apart
     /// (growing), prefetch 50 per lane, one lane, broker delivery limit 10.
@@ -222,6 +233,7 @@ impl ConsumerConfig {
             lanes: 1,
             apply_bound: APPLY_BOUND,
             gather_wait: GATHER_WAIT,
+            gap_wait: GAP_WAIT,
             fail_points: FailPoints::none(),
         }
     }

@@ -83,6 +83,8 @@ pub const CONSUMER_LAST_APPLIED: &str = "consumer_last_applied_timestamp_seconds
 pub const CONSUMER_PARKED: &str = "consumer_parked_events_total";
 pub const CONSUMER_PARKED_AGGREGATES: &str = "consumer_parked_aggregates";
 pub const CONSUMER_PARKED_OLDEST: &str = "consumer_parked_oldest_seconds";
+pub const CONSUMER_HELD: &str = "consumer_held_aggregates_total";
+pub const CONSUMER_GAPS_SKIPPED: &str = "consumer_gaps_skipped_total";
 pub const CONSUMER_EVENT_AGE: &str = "consumer_event_age_seconds";
 pub const MAINTENANCE_LAST_SUCCESS: &str = "maintenance_last_success_timestamp_seconds";
 pub const MAINTENANCE_ERRORS: &str = "maintenance_errors_total";
@@ -136,6 +138,8 @@ pub const CATALOGUE: &[Metric] = &[
     Metric::new(CONSUMER_PARKED, Counter, &["consumer"], "Events of an ordered subscription parked: the one that failed for good, and each later event of its aggregate."),
     Metric::new(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
     Metric::new(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
+    Metric::new(CONSUMER_HELD, Counter, &["consumer"], "Aggregates of a whole ordered subscription held for a number skipped, their later events waiting for it (docs/adr/0040)."),
+    Metric::new(CONSUMER_GAPS_SKIPPED, Counter, &["consumer"], "Held aggregates whose skipped number did not come within the bound: their later events applied over the gap."),
     Metric::new(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
     Metric::new(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
     Metric::new(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),

@@ -333,7 +333,8 @@ async fn consumer_line(estate: &Estate, sub: &broker::Subscription) -> ConsumerL
         line.dlq_since = since.bind(consumer).fetch_one(pool).await.ok().flatten();
         if sub.is_ordered() {
             let parked: Option<(i64, Option<DateTime<Utc>>)> = sqlx::query_as(
-                "SELECT count(*), min(parked_at) FROM parked_aggregates WHERE consumer = $1",
+                // A held aggregate waits for its event, not for an operator (ADR 0040).
+                "SELECT count(*), min(parked_at) FROM parked_aggregates WHERE consumer = $1 AND held_until IS NULL",
             )
             .bind(consumer)
             .fetch_one(pool)

@@ -102,6 +102,10 @@ pub struct QueueSpec {
     /// (`<queue>.p0`...), each with a single active consumer, behind a
     /// consistent-hash exchange on [`PARTITION_HEADER`] (docs/adr/0028).
     pub partitions: u16,
+    /// Ordered, and bound to every event its sources number in each of
+    /// its aggregates: the gate waits for a number skipped
+    /// ([`Subscription::whole`], docs/adr/0040).
+    pub whole: bool,
 }
 
 impl QueueSpec {
@@ -114,6 +118,7 @@ impl QueueSpec {
             bindings: sub.bindings.iter().map(|b| (*b).to_owned()).collect(),
             delivery_limit: 10,
             partitions: sub.partitions,
+            whole: sub.whole && sub.partitions > 0,
         }
     }
 
@@ -125,6 +130,7 @@ impl QueueSpec {
             bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
             delivery_limit: 10,
             partitions: 0,
+            whole: false,
         }
     }
 

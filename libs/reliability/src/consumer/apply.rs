@@ -68,6 +68,10 @@ impl<H: Handler> Consumer<Pg<H>> {
                 self.park(&mut tx, event, reason.as_deref()).await?;
                 Outcome::Parked
             }
+            Some(Gate::Hold(why)) => {
+                self.hold(&mut tx, event, &why).await?;
+                Outcome::Parked
+            }
             Some(Gate::Apply) => {
                 self.state.handler.prepare(&mut tx, &[event]).await?;
                 self.handle(&mut tx, event).await?;
@@ -141,6 +145,10 @@ impl<H: Handler> Consumer<Pg<H>> {
                     Some(Gate::Apply) => to_apply.push(i),
                     Some(Gate::Park(reason)) => {
                         self.park(&mut tx, &group[i].1, reason.as_deref()).await?;
+                        outcomes[i] = Outcome::Parked;
+                    }
+                    Some(Gate::Hold(why)) => {
+                        self.hold(&mut tx, &group[i].1, &why).await?;
                         outcomes[i] = Outcome::Parked;
                     }
                 }

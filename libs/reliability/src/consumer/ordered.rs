@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use crate::TenantTx;
 use crate::outbox::Envelope;
 
+use super::hold::AggregateState;
 use super::{Apply, ApplyError, Consumer, Handler, Lane, Pg};
 
 /// What the gate decided for one fresh event.
@@ -17,6 +18,9 @@ pub(super) enum Gate {
     /// Into the parked store: behind its parked aggregate (None), or as
     /// the first event of a newly parked one (the reason).
     Park(Option<String>),
+    /// Into the parked store as the first event of a newly held
+    /// aggregate: a whole subscription's number skipped (`hold.rs`).
+    Hold(String),
 }
 
 /// `(source, aggregate_type, aggregate_id)`: the unit of order.
@@ -34,8 +38,10 @@ fn key(e: &Envelope) -> Key {
 /// tenant, `$2` consumer, `$3` sources, `$4` ids, `$5` stripe, `$6`
 /// aggregate types, `$7` aggregate ids, `$8` sequence numbers, `$9`
 /// whether the event's aggregate may take the quick way (its events here
-/// are numbered and ascending). Returns each fresh event with whether its
-/// aggregate advanced.
+/// are numbered and ascending; on a whole subscription, consecutive), `$10`
+/// whether the subscription is whole (its aggregate advances only from the
+/// number before its first event here: a new one from 1). Returns each
+/// fresh event with whether its aggregate advanced.
 ///
 /// Only the common case is decided here: an aggregate not parked whose
 /// fresh events all come after its position moves to the last of them, in
@@ -67,20 +73,27 @@ pub(super) const GATE_SQL: &str = concat!(
              WHERE NOT EXISTS (SELECT FROM parked_aggregates a
                                WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = g.source
                                  AND a.aggregate_type = g.aggregate_type AND a.aggregate_id = g.aggregate_id)
+               AND (NOT $10 OR g.lo = 1
+                    OR EXISTS (SELECT FROM aggregate_positions q
+                               WHERE q.tenant_id = $1 AND q.consumer = $2 AND q.source = g.source
+                                 AND q.aggregate_type = g.aggregate_type AND q.aggregate_id = g.aggregate_id))
              ORDER BY source, aggregate_type, aggregate_id
              ON CONFLICT (tenant_id, consumer, source, aggregate_type, aggregate_id) DO UPDATE
              SET last_seq = EXCLUDED.last_seq, updated_at = now()
              WHERE p.last_seq < (SELECT g.lo FROM span g
                                  WHERE g.source = EXCLUDED.source AND g.aggregate_type = EXCLUDED.aggregate_type
                                    AND g.aggregate_id = EXCLUDED.aggregate_id)
+               AND (NOT $10 OR p.last_seq + 1 = (SELECT g.lo FROM span g
+                                 WHERE g.source = EXCLUDED.source AND g.aggregate_type = EXCLUDED.aggregate_type
+                                   AND g.aggregate_id = EXCLUDED.aggregate_id))
              RETURNING source, aggregate_type, aggregate_id
          )
          SELECT e.source, e.message_id, a.aggregate_id IS NOT NULL AS advanced
          FROM ev e LEFT JOIN advanced a USING (source, aggregate_type, aggregate_id)"
 );
 
-/// The position and the parked flag of the aggregates `$3..$5` (sources,
-/// types, ids) of tenant `$1` and consumer `$2`: for the events the gate's
+/// The position, the parked flag and the hold of the aggregates `$3..$5`
+/// (sources, types, ids) of tenant `$1` and consumer `$2`: for the events the gate's
 /// quick way did not take. A look-up per aggregate on the whole key, never
 /// a join: on tables not analyzed yet (a new deployment) the planner
 /// joined by a scan of all the tenant's positions, a cost growing with its
@@ -92,7 +105,11 @@ pub(super) const STATE_SQL: &str = "
               AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id) AS last_seq,
            EXISTS (SELECT FROM parked_aggregates a
                    WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
-                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id) AS parked
+                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id) AS parked,
+           EXISTS (SELECT FROM parked_aggregates a
+                   WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
+                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id
+                     AND a.held_until IS NOT NULL) AS held
     FROM unnest($3::text[], $4::text[], $5::text[]) AS k (source, aggregate_type, aggregate_id)";
 
 impl<A: Apply> Consumer<A> {
@@ -150,7 +167,7 @@ impl<H: Handler> Consumer<Pg<H>> {
         let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
         let aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
         let seqs: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_seq).collect();
-        let quick = quick(events);
+        let quick = quick(events, self.config.queue.whole);
         let rows: Vec<(String, i64, bool)> = sqlx::query_as(GATE_SQL)
             .bind(tx.tenant().get())
             .bind(&self.config.name)
@@ -161,6 +178,7 @@ impl<H: Handler> Consumer<Pg<H>> {
             .bind(&aggregates)
             .bind(&seqs)
             .bind(&quick)
+            .bind(self.config.queue.whole)
             .fetch_all(&mut **tx)
             .await?;
         let mut fresh: HashMap<(String, i64), bool> = rows
@@ -184,62 +202,40 @@ impl<H: Handler> Consumer<Pg<H>> {
         if slow.is_empty() {
             return Ok(gates);
         }
+        let whole = self.config.queue.whole;
         let mut state = self.state(tx, events, &slow).await?;
         let mut late_applied = Vec::new();
+        let mut filled = Vec::new();
         for i in slow {
             let e = events[i];
-            let (last, parked) = state.entry(key(e)).or_insert((None, false));
-            let gate = if *parked {
-                Gate::Park(None)
-            } else if let (Some(seq), Some(at)) = (e.aggregate_seq, *last)
-                && seq <= at
-            {
-                *parked = true;
-                Gate::Park(Some(format!(
-                    "out of order: event {} of {} arrived after event {at} was applied",
-                    seq,
-                    e.aggregate_key()
-                )))
-            } else if let (None, Some(at)) = (e.aggregate_seq, *last) {
-                // Published by a relay that does not number this
-                // subscription's events (an older release in a rolling
-                // upgrade, or one whose topology lacks the subscription):
-                // after a numbered event it may be an earlier one, late,
-                // and its order cannot be checked. Parked, never applied
-                // unchecked (docs/runbooks.md, a rolling upgrade).
-                *parked = true;
-                Gate::Park(Some(format!(
-                    "unnumbered: message {} of {} came without a number after event {at} was applied \
-                     (a relay that does not number this subscription's events is running)",
-                    e.message_id(),
-                    e.aggregate_key()
-                )))
-            } else {
-                if let Some(seq) = e.aggregate_seq {
-                    *last = Some(seq);
-                }
+            let at = state.entry(key(e)).or_default();
+            let gate = at.gate(e, whole);
+            if gate == Gate::Apply {
                 late_applied.push(e);
-                Gate::Apply
-            };
+                if at.held {
+                    filled.push(e);
+                }
+            }
             gates[i] = Some(gate);
         }
+        self.request_release(tx, &filled).await?;
         self.advance(tx, &late_applied).await?;
         Ok(gates)
     }
 
     /// [`STATE_SQL`] for the aggregates of `events[i]`, `i` in `which`:
-    /// each one's position and whether it is parked.
+    /// each one's position, and whether it is parked or held.
     async fn state(
         &self,
         tx: &mut TenantTx,
         events: &[&Envelope],
         which: &[usize],
-    ) -> Result<HashMap<Key, (Option<i64>, bool)>, ApplyError> {
+    ) -> Result<HashMap<Key, AggregateState>, ApplyError> {
         let mut keys: Vec<Key> = which.iter().map(|&i| key(events[i])).collect();
         keys.sort();
         keys.dedup();
         let (sources, types, ids) = split(&keys);
-        type Row = (String, String, String, Option<i64>, bool);
+        type Row = (String, String, String, Option<i64>, bool, bool);
         let rows: Vec<Row> = sqlx::query_as(STATE_SQL)
             .bind(tx.tenant().get())
             .bind(&self.config.name)
@@ -250,7 +246,9 @@ impl<H: Handler> Consumer<Pg<H>> {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(source, t, id, last, parked)| ((source, t, id), (last, parked)))
+            .map(|(source, t, id, last, parked, held)| {
+                ((source, t, id), AggregateState { last, parked, held })
+            })
             .collect())
     }
 
@@ -301,12 +299,27 @@ impl<H: Handler> Consumer<Pg<H>> {
         event: &Envelope,
         reason: Option<&str>,
     ) -> Result<(), ApplyError> {
+        self.park_as(tx, event, reason, None).await
+    }
+
+    /// [`Self::park`]; with `held_for`, a new head is held for a number
+    /// skipped that long, not parked for a failure (`hold.rs`).
+    pub(super) async fn park_as(
+        &self,
+        tx: &mut TenantTx,
+        event: &Envelope,
+        reason: Option<&str>,
+        held_for: Option<std::time::Duration>,
+    ) -> Result<(), ApplyError> {
         let envelope =
             serde_json::to_value(event).map_err(|e| super::HandlerError::Permanent(Box::new(e)))?;
+        let held_ms = held_for.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         sqlx::query(
             "WITH head AS (
-                 INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error)
-                 VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'parked'))
+                 INSERT INTO parked_aggregates (tenant_id, consumer, source, aggregate_type, aggregate_id, error,
+                                                held_until)
+                 VALUES ($1, $2, $3, $4, $5, COALESCE($6, 'parked'),
+                         now() + $11::bigint * interval '1 millisecond')
                  ON CONFLICT DO NOTHING
              )
              INSERT INTO parked_events (tenant_id, consumer, source, aggregate_type, aggregate_id,
@@ -324,13 +337,23 @@ impl<H: Handler> Consumer<Pg<H>> {
         .bind(event.aggregate_seq)
         .bind(&event.event_type)
         .bind(envelope)
+        .bind(held_ms)
         .execute(&mut **tx)
         .await?;
-        metrics::counter!(crate::metrics::CONSUMER_PARKED, "consumer" => self.config.name.clone())
-            .increment(1);
-        if let Some(reason) = reason {
-            tracing::error!(consumer = %self.config.name, tenant_id = event.tenant_id, aggregate = %event.aggregate_key(),
-                            message_id = %event.message_id(), error = %reason, "aggregate parked; its later events wait behind it");
+        let name = self.config.name.clone();
+        match (reason, held_for) {
+            (Some(reason), Some(_)) => {
+                metrics::counter!(crate::metrics::CONSUMER_HELD, "consumer" => name).increment(1);
+                tracing::warn!(consumer = %self.config.name, tenant_id = event.tenant_id, aggregate = %event.aggregate_key(),
+                               message_id = %event.message_id(), why = %reason, wait = ?held_for, "aggregate held for a number skipped");
+            }
+            (reason, _) => {
+                metrics::counter!(crate::metrics::CONSUMER_PARKED, "consumer" => name).increment(1);
+                if let Some(reason) = reason {
+                    tracing::error!(consumer = %self.config.name, tenant_id = event.tenant_id, aggregate = %event.aggregate_key(),
+                                    message_id = %event.message_id(), error = %reason, "aggregate parked; its later events wait behind it");
+                }
+            }
         }
         Ok(())
     }
@@ -338,9 +361,10 @@ impl<H: Handler> Consumer<Pg<H>> {
 
 /// For each event, whether its aggregate may take the gate's quick way:
 /// every event of that aggregate here is numbered, each above the one
-/// before (a message repeated here counts once). Then its fresh events
-/// are in order if the first of them comes after the position.
-fn quick(events: &[&Envelope]) -> Vec<bool> {
+/// before (on a `whole` subscription, the one after it; a message
+/// repeated here counts once). Then its fresh events are in order if the
+/// first of them comes after the position (on a whole one, right after).
+fn quick(events: &[&Envelope], whole: bool) -> Vec<bool> {
     let mut top: HashMap<Key, Option<i64>> = HashMap::new();
     let mut seen: HashSet<(&str, i64)> = HashSet::with_capacity(events.len());
     for e in events {
@@ -349,7 +373,11 @@ fn quick(events: &[&Envelope]) -> Vec<bool> {
         }
         let at = top.entry(key(e)).or_insert(Some(0));
         *at = match (*at, e.aggregate_seq) {
-            (Some(before), Some(seq)) if seq > before => Some(seq),
+            (Some(before), Some(seq))
+                if seq > before && (!whole || before == 0 || seq == before + 1) =>
+            {
+                Some(seq)
+            }
             _ => None,
         };
     }

@@ -75,8 +75,9 @@ pub async fn parked(owner: &PgPool, consumer: Option<&str>) -> Result<Vec<Parked
 }
 
 /// Asks `consumer` to replay the aggregate's parked events in order and
-/// resume it (after the handler was fixed, or the cause outside it).
-/// Returns whether such a parked aggregate exists.
+/// resume it (after the handler was fixed, or the cause outside it); a
+/// held one is replayed now, over its gap. Returns whether such a parked
+/// aggregate exists.
 pub async fn unpark(
     owner: &PgPool,
     consumer: &str,
@@ -85,7 +86,7 @@ pub async fn unpark(
     aggregate_id: &str,
 ) -> Result<bool> {
     let n = sqlx::query(
-        "UPDATE parked_aggregates SET release_requested_at = now()
+        "UPDATE parked_aggregates SET release_requested_at = now(), held_until = CASE WHEN held_until IS NULL THEN NULL ELSE now() END
          WHERE consumer = $1 AND tenant_id = $2 AND aggregate_type = $3 AND aggregate_id = $4",
     )
     .bind(consumer)
@@ -193,13 +194,15 @@ pub async fn skip(
 
 /// One row of `parked_overview`: what a consumer sees across tenants.
 #[derive(sqlx::FromRow)]
-struct Overview {
-    tenant_id: i64,
-    source: String,
-    aggregate_type: String,
-    aggregate_id: String,
+pub(super) struct Overview {
+    pub(super) tenant_id: i64,
+    pub(super) source: String,
+    pub(super) aggregate_type: String,
+    pub(super) aggregate_id: String,
     parked_at: DateTime<Utc>,
     release_requested: bool,
+    /// Held for a number skipped until then (`hold.rs`); None: parked.
+    held_until: Option<DateTime<Utc>>,
 }
 
 /// How a replay step ended.
@@ -207,6 +210,8 @@ enum Step {
     Replayed,
     Resumed,
     Failed(String),
+    /// A held aggregate's next number has not come: it stays held.
+    Waiting,
 }
 
 impl<H: Handler> Consumer<Pg<H>> {
@@ -230,14 +235,17 @@ impl<H: Handler> Consumer<Pg<H>> {
             .fetch_all(&self.state.pool)
             .await?;
         let name = self.config.name.clone();
-        let oldest = rows
-            .iter()
-            .map(|r| (Utc::now() - r.parked_at).num_milliseconds() as f64 / 1000.0)
+        // Held aggregates wait for no operator: not in the parked gauges.
+        let (now, parked) = (Utc::now(), rows.iter().filter(|r| r.held_until.is_none()));
+        let oldest = parked
+            .clone()
+            .map(|r| (now - r.parked_at).num_milliseconds() as f64 / 1000.0)
             .fold(0.0, f64::max);
         metrics::gauge!(crate::metrics::CONSUMER_PARKED_AGGREGATES, "consumer" => name.clone())
-            .set(rows.len() as f64);
+            .set(parked.count() as f64);
         metrics::gauge!(crate::metrics::CONSUMER_PARKED_OLDEST, "consumer" => name).set(oldest);
-        for r in rows.iter().filter(|r| r.release_requested) {
+        let due = |r: &&Overview| r.release_requested || r.held_until.is_some_and(|t| t <= now);
+        for r in rows.iter().filter(due) {
             self.release(r).await?;
         }
         Ok(())
@@ -257,6 +265,7 @@ impl<H: Handler> Consumer<Pg<H>> {
                     tracing::info!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, "parked aggregate replayed in order; it flows again");
                     return Ok(());
                 }
+                Step::Waiting => return Ok(()),
                 Step::Failed(error) => {
                     tracing::error!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, %error, "replaying a parked aggregate failed; it stays parked");
                     let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
@@ -313,6 +322,10 @@ impl<H: Handler> Consumer<Pg<H>> {
             tx.rollback().await?;
             seen = first;
         };
+        if self.held_waits(&mut tx, r, first.as_ref()).await? {
+            tx.commit().await?;
+            return Ok(Step::Waiting);
+        }
         let Some(event) = first else {
             sqlx::query(
                 "DELETE FROM parked_aggregates
@@ -367,26 +380,5 @@ impl<H: Handler> Consumer<Pg<H>> {
         locks.sort_unstable();
         locks.dedup();
         locks
-    }
-
-    /// The envelope of the first event of `r` still parked: the next one
-    /// its replay applies.
-    async fn replay_head(
-        &self,
-        tx: &mut TenantTx,
-        r: &Overview,
-    ) -> sqlx::Result<Option<serde_json::Value>> {
-        sqlx::query_scalar(
-            "SELECT envelope FROM parked_events
-             WHERE tenant_id = $1 AND consumer = $2 AND source = $3 AND aggregate_type = $4 AND aggregate_id = $5
-             ORDER BY position LIMIT 1",
-        )
-        .bind(r.tenant_id)
-        .bind(&self.config.name)
-        .bind(&r.source)
-        .bind(&r.aggregate_type)
-        .bind(&r.aggregate_id)
-        .fetch_optional(&mut **tx)
-        .await
     }
 }

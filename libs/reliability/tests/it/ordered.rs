@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{Broker, Rng, tenant};
 
+mod gaps;
 mod handover;
 mod lock_waits;
 mod operations;

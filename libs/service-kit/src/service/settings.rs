@@ -87,6 +87,9 @@ pub struct CommonSettings {
     /// another lane that has one in flight (docs/adr/0039). 0: never.
     #[arg(long, env = "CONSUMER_GATHER_WAIT_MS", default_value_t = reliability::consumer::GATHER_WAIT.as_millis() as u64)]
     pub consumer_gather_wait_ms: u64,
+    /// How long, in ms, a whole history waits for a number skipped (docs/adr/0040).
+    #[arg(long, env = "CONSUMER_GAP_WAIT_MS", default_value_t = reliability::consumer::GAP_WAIT.as_millis() as u64)]
+    pub consumer_gap_wait_ms: u64,
     /// Connections of the runtime role's pool per process (HTTP handlers,
     /// consumer lanes, the payments worker). Every process of every replica
     /// holds its own pools: their sum must stay under PostgreSQL's
@@ -244,6 +247,7 @@ impl CommonSettings {
         config.queue = self.queue_spec(sub)?;
         config.lanes = self.consumer_lanes.max(1);
         config.gather_wait = std::time::Duration::from_millis(self.consumer_gather_wait_ms);
+        config.gap_wait = std::time::Duration::from_millis(self.consumer_gap_wait_ms);
         config.fail_points = self.fail_points()?;
         Ok(config)
     }

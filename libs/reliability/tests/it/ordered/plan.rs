@@ -32,6 +32,9 @@ async fn the_gate_reads_each_position_by_its_whole_key_on_tables_never_analyzed(
         .bind(vec!["42"])
         .bind(vec![Some(2_i64)])
         .bind(vec![true])
+        // Whole: the position's look-up before a new aggregate's insert
+        // is read too.
+        .bind(true)
         .fetch_all(&mut *tx)
         .await
         .unwrap();
@@ -45,8 +48,9 @@ async fn the_gate_reads_each_position_by_its_whole_key_on_tables_never_analyzed(
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    // The gate touches a position only through its upsert (whose arbiter
-    // is the key's index) and reads the parked store by index.
+    // The gate touches a position through its upsert (whose arbiter is
+    // the key's index) and, for a whole subscription, a look-up by index;
+    // it reads the parked store by index.
     let gate = gate.join("\n");
     let reads: Vec<&str> = gate
         .lines()
