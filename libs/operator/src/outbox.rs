@@ -3,7 +3,7 @@
 
 use clap::Subcommand;
 use operator::ops::outbox;
-use reliability::{TenantId, maintenance};
+use reliability::TenantId;
 use service_kit::idempotency;
 use sqlx::PgPool;
 

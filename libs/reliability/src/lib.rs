@@ -6,7 +6,6 @@ pub mod db;
 mod error;
 pub mod failpoint;
 pub mod health;
-pub mod maintenance;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;

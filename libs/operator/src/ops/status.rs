@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::connections::{connections, connections_problem};
 use super::problems::Problem;
 use super::{Estate, outbox};
-use reliability::{TenantId, broker, maintenance};
+use reliability::{TenantId, broker};
 use service_kit::admission::AdmissionLimits;
 
 #[derive(Debug, Clone, Serialize)]

@@ -92,8 +92,9 @@ pub(super) const GATE_SQL: &str = concat!(
          FROM ev e LEFT JOIN advanced a USING (source, aggregate_type, aggregate_id)"
 );
 
-/// The position, the parked flag and the hold of the aggregates `$3..$5`
-/// (sources, types, ids) of tenant `$1` and consumer `$2`: for the events the gate's
+/// The position of the aggregates `$3..$5` (sources, types, ids) of tenant
+/// `$1` and consumer `$2`, and whether each is held (NULL: not parked,
+/// false: parked for a failure): for the events the gate's
 /// quick way did not take. A look-up per aggregate on the whole key, never
 /// a join: on tables not analyzed yet (a new deployment) the planner
 /// joined by a scan of all the tenant's positions, a cost growing with its
@@ -103,13 +104,9 @@ pub(super) const STATE_SQL: &str = "
            (SELECT p.last_seq FROM aggregate_positions p
             WHERE p.tenant_id = $1 AND p.consumer = $2 AND p.source = k.source
               AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id) AS last_seq,
-           EXISTS (SELECT FROM parked_aggregates a
-                   WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
-                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id) AS parked,
-           EXISTS (SELECT FROM parked_aggregates a
-                   WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
-                     AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id
-                     AND a.held_until IS NOT NULL) AS held
+           (SELECT a.held_until IS NOT NULL FROM parked_aggregates a
+            WHERE a.tenant_id = $1 AND a.consumer = $2 AND a.source = k.source
+              AND a.aggregate_type = k.aggregate_type AND a.aggregate_id = k.aggregate_id) AS held
     FROM unnest($3::text[], $4::text[], $5::text[]) AS k (source, aggregate_type, aggregate_id)";
 
 impl<A: Apply> Consumer<A> {
@@ -235,7 +232,7 @@ impl<H: Handler> Consumer<Pg<H>> {
         keys.sort();
         keys.dedup();
         let (sources, types, ids) = split(&keys);
-        type Row = (String, String, String, Option<i64>, bool, bool);
+        type Row = (String, String, String, Option<i64>, Option<bool>);
         let rows: Vec<Row> = sqlx::query_as(STATE_SQL)
             .bind(tx.tenant().get())
             .bind(&self.config.name)
@@ -246,7 +243,8 @@ impl<H: Handler> Consumer<Pg<H>> {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(source, t, id, last, parked, held)| {
+            .map(|(source, t, id, last, held)| {
+                let (parked, held) = (held.is_some(), held == Some(true));
                 ((source, t, id), AggregateState { last, parked, held })
             })
             .collect())

@@ -4,7 +4,6 @@
 
 mod consumer;
 mod frozen;
-mod maintenance;
 mod ordered;
 mod relay;
 mod roles;

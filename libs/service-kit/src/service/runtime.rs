@@ -10,10 +10,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
+use maintenance::{self, MaintenanceConfig};
 use reliability::broker::Subscription;
 use reliability::consumer::{Apply, Consumer};
 use reliability::health::Health;
-use reliability::maintenance::{self, MaintenanceConfig};
 use reliability::relay::{Relay, RelayConfig};
 use reliability::trace;
 use reliability::{Error, Result, db};

@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{Datelike, NaiveDate, Utc};
 use sqlx::PgPool;
 
-use crate::Result;
+use reliability::Result;
 
 use super::delete_in_batches;
 

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use chrono::{Datelike, Months, Utc};
-use reliability::maintenance;
 use testkit::TestDb;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);

@@ -1,13 +1,4 @@
-//! Housekeeping of the reliability tables, each runnable once or on a
-//! schedule, all in bounded batches so no job holds long locks or bloats
-//! WAL in one go. Runs as the owner role (it spans every tenant, and
-//! partitions need DDL).
-//!
-//! Each step runs whatever the others did: one that fails (a partition
-//! created by another process at the same moment, a lock) is logged and
-//! counted on its own (`maintenance_errors_total{step}`), and
-//! `maintenance_last_success_timestamp_seconds{step}` tells an operator
-//! which step has not succeeded lately (docs/adr/0014).
+#![doc = include_str!("../README.md")]
 
 use std::time::Duration;
 
@@ -15,7 +6,7 @@ use chrono::Utc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::Result;
+use reliability::Result;
 
 mod partitions;
 pub use partitions::{
@@ -166,12 +157,14 @@ async fn step<T>(
     match outcome {
         Ok(t) => {
             let now = Utc::now().timestamp() as f64;
-            metrics::gauge!(crate::metrics::MAINTENANCE_LAST_SUCCESS, "step" => name).set(now);
+            metrics::gauge!(reliability::metrics::MAINTENANCE_LAST_SUCCESS, "step" => name)
+                .set(now);
             Some(t)
         }
         Err(e) => {
             tracing::warn!(step = name, error = %e, "maintenance step failed; the others still run");
-            metrics::counter!(crate::metrics::MAINTENANCE_ERRORS, "step" => name).increment(1);
+            metrics::counter!(reliability::metrics::MAINTENANCE_ERRORS, "step" => name)
+                .increment(1);
             errors.push((name.to_owned(), e.to_string()));
             None
         }
