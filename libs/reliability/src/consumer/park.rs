@@ -268,9 +268,12 @@ impl<H: Handler> Consumer<Pg<H>> {
                 Step::Waiting => return Ok(()),
                 Step::Failed(error) => {
                     tracing::error!(consumer = %self.config.name, tenant_id = r.tenant_id, %aggregate, replayed, %error, "replaying a parked aggregate failed; it stays parked");
+                    // A held aggregate whose replay fails is parked for an
+                    // operator: past its hold, it would be released again
+                    // every pass.
                     let mut tx = TenantTx::begin(&self.state.pool, tenant).await?;
                     sqlx::query(
-                        "UPDATE parked_aggregates SET error = $5, release_requested_at = NULL
+                        "UPDATE parked_aggregates SET error = $5, release_requested_at = NULL, held_until = NULL
                          WHERE tenant_id = $1 AND consumer = $2 AND source = $3
                            AND aggregate_type = $4 AND aggregate_id = $6",
                     )

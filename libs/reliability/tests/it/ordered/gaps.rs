@@ -126,3 +126,36 @@ async fn a_number_that_never_comes_is_applied_over_once_the_hold_has_waited_its_
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_held_event_that_fails_when_its_turn_comes_parks_its_aggregate_for_an_operator() {
+    let db = TestDb::new().await;
+    create_applied_table(&db).await;
+    let broker = Broker::new().await;
+    let (spec, cfg) = whole(&broker, Duration::from_secs(2));
+    broker::declare_queue(&broker.channel, &spec).await.unwrap();
+    let handler = Recording::default();
+    handler.poison.lock().unwrap().insert(("G".to_owned(), 2));
+    publish(&broker, &spec, &[numbered(11, "G", Some(2))]).await;
+    let stop = CancellationToken::new();
+    let (_consumer, task) = run_consumer(&db, cfg, handler, &stop);
+    wait_until(LONG, "G held", || async {
+        held(&db).await == [("G".to_owned(), 1)]
+    })
+    .await;
+    publish(&broker, &spec, &[numbered(10, "G", Some(1))]).await;
+    // 1 applies; 2's replay fails: G is parked with the handler's error,
+    // no longer held (else, its hold run out, it was released each pass).
+    wait_until(LONG, "G parked for an operator", || async {
+        let rows: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
+            sqlx::query_as("SELECT error, held_until FROM parked_aggregates")
+                .fetch_all(&db.owner)
+                .await
+                .unwrap();
+        matches!(rows.as_slice(), [(error, None)] if error.contains("poison"))
+    })
+    .await;
+    assert_eq!(applied(&db).await[&(1, "G".to_owned())], vec![10]);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
