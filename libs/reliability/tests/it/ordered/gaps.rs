@@ -32,6 +32,20 @@ async fn parked_rows(db: &TestDb) -> i64 {
         .unwrap()
 }
 
+/// Waits until the one aggregate parked is parked for an operator (not
+/// held), with an error that says `why`.
+async fn parked_for_an_operator(db: &TestDb, why: &str) {
+    wait_until(LONG, "G parked for an operator", || async {
+        let rows: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
+            sqlx::query_as("SELECT error, held_until FROM parked_aggregates")
+                .fetch_all(&db.owner)
+                .await
+                .unwrap();
+        matches!(rows.as_slice(), [(error, None)] if error.contains(why))
+    })
+    .await;
+}
+
 fn whole(broker: &Broker, gap_wait: Duration) -> (QueueSpec, ConsumerConfig) {
     let mut spec = spec(broker, 1);
     spec.whole = true;
@@ -114,15 +128,7 @@ async fn a_number_that_never_comes_is_applied_over_once_the_hold_has_waited_its_
     assert_eq!(applied(&db).await[&(1, "G".to_owned())], vec![12, 13]);
     // The late ones, after all: out of order, G parks for an operator.
     publish(&broker, &spec, &[numbered(10, "G", Some(1))]).await;
-    wait_until(LONG, "G parked for an operator", || async {
-        let rows: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
-            sqlx::query_as("SELECT error, held_until FROM parked_aggregates")
-                .fetch_all(&db.owner)
-                .await
-                .unwrap();
-        matches!(rows.as_slice(), [(error, None)] if error.contains("out of order"))
-    })
-    .await;
+    parked_for_an_operator(&db, "out of order").await;
     stop.cancel();
     task.await.unwrap().unwrap();
 }
@@ -146,15 +152,7 @@ async fn a_held_event_that_fails_when_its_turn_comes_parks_its_aggregate_for_an_
     publish(&broker, &spec, &[numbered(10, "G", Some(1))]).await;
     // 1 applies; 2's replay fails: G is parked with the handler's error,
     // no longer held (else, its hold run out, it was released each pass).
-    wait_until(LONG, "G parked for an operator", || async {
-        let rows: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
-            sqlx::query_as("SELECT error, held_until FROM parked_aggregates")
-                .fetch_all(&db.owner)
-                .await
-                .unwrap();
-        matches!(rows.as_slice(), [(error, None)] if error.contains("poison"))
-    })
-    .await;
+    parked_for_an_operator(&db, "poison").await;
     assert_eq!(applied(&db).await[&(1, "G".to_owned())], vec![10]);
     stop.cancel();
     task.await.unwrap().unwrap();
