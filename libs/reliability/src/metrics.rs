@@ -139,7 +139,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric::new(CONSUMER_PARKED_AGGREGATES, Gauge, &["consumer"], "Aggregates of an ordered subscription parked, waiting for an operator (reliability park)."),
     Metric::new(CONSUMER_PARKED_OLDEST, Gauge, &["consumer"], "Age of the oldest parked aggregate (0: none)."),
     Metric::new(CONSUMER_HELD, Counter, &["consumer"], "Aggregates of a whole ordered subscription held for a number skipped, their later events waiting for it (docs/adr/0040)."),
-    Metric::new(CONSUMER_GAPS_SKIPPED, Counter, &["consumer"], "Held aggregates whose skipped number did not come within the bound: their later events applied over the gap."),
+    Metric::new(CONSUMER_GAPS_SKIPPED, Counter, &["consumer"], "Gaps a held aggregate was replayed over: a number skipped that did not come within the bound."),
     Metric::new(CONSUMER_EVENT_AGE, Histogram, &["consumer"], "Age of each event this consumer applied, from its occurred_at to its apply (buckets to an hour)."),
     Metric::new(MAINTENANCE_LAST_SUCCESS, Gauge, &["step"], "When each maintenance step last succeeded (Unix seconds)."),
     Metric::new(MAINTENANCE_ERRORS, Counter, &["step"], "Maintenance step runs that failed."),
