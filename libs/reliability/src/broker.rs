@@ -96,6 +96,38 @@ pub async fn bounded<T, E: Into<Error>>(
     }
 }
 
+/// Runs lapin calls as its connection wants them: each is polled once, in
+/// order, which hands its frames to the connection's I/O thread, and only
+/// then are they awaited together, their outputs in order.
+///
+/// Awaiting each in turn costs a round trip through that thread per call (a
+/// wake of it, then one of this task): about 20 µs of CPU a message, most of
+/// what lapin cost the relay (docs/benchmarks.md, session 43). lapin queues
+/// a call's frames before its first await, so the order of first polls is
+/// the order on the wire: delivery tags, and an aggregate's events, keep it.
+pub async fn in_order<F: Future>(calls: Vec<F>) -> Vec<F::Output> {
+    enum Call<F: Future> {
+        Done(F::Output),
+        Sent(std::pin::Pin<Box<F>>),
+    }
+    let mut started = Vec::with_capacity(calls.len());
+    for call in calls {
+        let mut call = Box::pin(call);
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        started.push(match first {
+            std::task::Poll::Ready(output) => Call::Done(output),
+            std::task::Poll::Pending => Call::Sent(call),
+        });
+    }
+    futures_util::future::join_all(started.into_iter().map(|call| async move {
+        match call {
+            Call::Done(output) => output,
+            Call::Sent(call) => call.await,
+        }
+    }))
+    .await
+}
+
 /// String headers as an AMQP table.
 pub fn headers_from_json(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
     let mut table = FieldTable::default();
@@ -120,7 +152,37 @@ pub fn header_str(props: &BasicProperties, name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::topic_matches;
+    use std::sync::{Arc, Mutex};
+
+    use super::{in_order, topic_matches};
+
+    /// Every call is started, in order, before any is awaited to its end:
+    /// the first call here ends only once the last has started, which
+    /// awaiting each in turn would never reach.
+    #[tokio::test]
+    async fn in_order_starts_every_call_in_turn_before_awaiting_any() {
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let last_started = Arc::new(tokio::sync::Notify::new());
+        let calls: Vec<_> = (0..5)
+            .map(|i| {
+                let (started, last_started) = (started.clone(), last_started.clone());
+                async move {
+                    started.lock().unwrap().push(i);
+                    match i {
+                        0 => last_started.notified().await,
+                        4 => last_started.notify_one(),
+                        _ => tokio::task::yield_now().await,
+                    }
+                    i
+                }
+            })
+            .collect();
+        let outputs = tokio::time::timeout(std::time::Duration::from_secs(5), in_order(calls))
+            .await
+            .expect("a call was awaited to its end before the next one started");
+        assert_eq!(outputs, [0, 1, 2, 3, 4]);
+        assert_eq!(*started.lock().unwrap(), [0, 1, 2, 3, 4]);
+    }
 
     #[test]
     fn topic_bindings_match_as_rabbitmq_routes() {

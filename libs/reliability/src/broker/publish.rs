@@ -138,39 +138,43 @@ impl Publisher {
     /// message.
     pub async fn send(&self, messages: &[Outgoing]) -> Sent {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
-        let mut pending = Vec::with_capacity(messages.len());
-        for m in messages {
-            // Blocked, or out of time: queue nothing more in lapin, where it
-            // would go out when the broker unblocks, long after its row was
-            // released and claimed again.
-            if self.is_blocked() || tokio::time::Instant::now() >= deadline {
-                pending.push(Err(PublishFailure::Timeout(self.confirm_timeout)));
-                continue;
-            }
-            let props = BasicProperties::default()
-                .with_delivery_mode(2) // persistent
-                .with_content_type("application/json".into())
-                .with_message_id(m.message_id.as_str().into())
-                .with_type(m.kind.as_str().into())
-                .with_headers(m.headers.clone());
-            let sent = self.channel.basic_publish(
-                self.exchange.as_str().into(),
-                m.routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &m.body,
-                props,
-            );
-            // A broker that blocks publishers (memory or disk alarm) stops
-            // reading: what is not sent by the deadline is not published.
-            match tokio::time::timeout_at(deadline, sent).await {
-                Ok(Ok(confirm)) => pending.push(Ok(confirm)),
-                Ok(Err(e)) => pending.push(Err(PublishFailure::Broker(e.to_string()))),
-                Err(_) => pending.push(Err(PublishFailure::Timeout(self.confirm_timeout))),
-            }
-        }
+        // Collected before they are awaited: a lazy iterator of them held
+        // across an await is not `Send` to the compiler.
+        let publishes: Vec<_> = messages
+            .iter()
+            .map(|m| async move {
+                // Blocked, or out of time: queue nothing more in lapin, where it
+                // would go out when the broker unblocks, long after its row was
+                // released and claimed again.
+                if self.is_blocked() || tokio::time::Instant::now() >= deadline {
+                    return Err(PublishFailure::Timeout(self.confirm_timeout));
+                }
+                let props = BasicProperties::default()
+                    .with_delivery_mode(2) // persistent
+                    .with_content_type("application/json".into())
+                    .with_message_id(m.message_id.as_str().into())
+                    .with_type(m.kind.as_str().into())
+                    .with_headers(m.headers.clone());
+                let sent = self.channel.basic_publish(
+                    self.exchange.as_str().into(),
+                    m.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        immediate: false,
+                    },
+                    &m.body,
+                    props,
+                );
+                // A broker that blocks publishers (memory or disk alarm) stops
+                // reading: what is not sent by the deadline is not published.
+                match tokio::time::timeout_at(deadline, sent).await {
+                    Ok(Ok(confirm)) => Ok(confirm),
+                    Ok(Err(e)) => Err(PublishFailure::Broker(e.to_string())),
+                    Err(_) => Err(PublishFailure::Timeout(self.confirm_timeout)),
+                }
+            })
+            .collect();
+        let pending = super::in_order(publishes).await;
         let fired = self
             .fail_points
             .check(failpoint::RELAY_BEFORE_CONFIRM)

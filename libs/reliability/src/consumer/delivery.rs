@@ -275,8 +275,13 @@ impl<A: Apply> Consumer<A> {
                     // Several partitions on one channel: their streams
                     // interleave out of delivery-tag order, so a multiple
                     // ack could settle a delivery not applied yet.
-                    for (delivery, _) in &parsed {
-                        broker::bounded(delivery.ack(BasicAckOptions { multiple: false })).await?;
+                    let acks: Vec<_> = parsed
+                        .iter()
+                        .map(|(delivery, _)| delivery.ack(BasicAckOptions { multiple: false }))
+                        .collect();
+                    let acked = broker::in_order(acks).map(Ok::<_, Error>);
+                    for acked in broker::bounded(acked).await? {
+                        acked?;
                     }
                 } else {
                     // One ack for the group: every earlier delivery on this
