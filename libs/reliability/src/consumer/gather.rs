@@ -134,6 +134,7 @@ impl<A: Apply> Consumer<A> {
         }
         let result = {
             let _in_flight = InFlight::start(&self.gather);
+            let _others = self.beside_others().await;
             self.bounded(A::group(self, &all, lane)).await
         };
         let mut all = all.into_iter();

@@ -44,6 +44,7 @@ impl<A: Apply> Consumer<A> {
     ) -> Result<bool> {
         let mut tries = 0;
         let mut outage_delay = Duration::from_millis(100);
+        let alone = self.try_alone(&delivery).await;
         let mut worn = match self.worn(&delivery) {
             Some(worn) => Some(worn),
             None => self.crashed_on(&delivery, &event).await,
@@ -63,7 +64,13 @@ impl<A: Apply> Consumer<A> {
                 // Parked before it is tried again, not applied: it is not
                 // given the chance to take its consumer down once more.
                 Some(failure) => Err(ApplyError::Handler(failure)),
-                None => self.bounded(A::one(self, &event, lane)).await,
+                None => {
+                    let _others = match alone {
+                        Some(_) => None,
+                        None => Some(self.beside_others().await),
+                    };
+                    self.bounded(A::one(self, &event, lane)).await
+                }
             };
             let failure = match applied {
                 Ok(outcome) => {

@@ -19,6 +19,14 @@
 //! copies of an order's event, handed back when a quorum came back, were
 //! dead-lettered beside the copy that was applied; session 30).
 //!
+//! A handed-back delivery's try, from its record to its end, runs beside
+//! no other handler of its process (`Consumer::tries_alone`): lanes
+//! restart together after a death, and a neighbour tried in another lane
+//! while the poison took the process down again was counted a death too,
+//! three restarts running, and parked beside it (`make e2e`'s "worn"
+//! scenario, session 43's rehearsal). Deaths are rare; a crash's
+//! handed-back deliveries are then tried one at a time across the lanes.
+//!
 //! A try ends, and its record is forgotten, once its outcome is committed
 //! (applied, a duplicate, parked) or decided (a dead letter, a shutdown),
 //! before the ack: a try counts only when its consumer died between the
@@ -46,6 +54,26 @@ impl<A: Apply> Consumer<A> {
     /// alone, after its try is recorded (not in a group).
     pub(super) fn handed_back(&self, delivery: &Delivery) -> bool {
         broker::returns(&delivery.properties) > 0 && A::COUNTS_TRIES
+    }
+
+    /// The guard a handler's run holds: beside other lanes' runs, never
+    /// beside a handed-back delivery's try. (A guard, not a wrapper of the
+    /// run's future: wrapped, the lanes' futures grew past a debug build's
+    /// test thread stack.)
+    pub(super) async fn beside_others(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.tries_alone.read().await
+    }
+
+    /// For a handed-back delivery, the guard its try holds from its record
+    /// to its end: every other handler of this process waits meanwhile.
+    pub(super) async fn try_alone(
+        &self,
+        delivery: &Delivery,
+    ) -> Option<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        match self.handed_back(delivery) {
+            true => Some(self.tries_alone.write().await),
+            false => None,
+        }
     }
 
     /// For a handed-back delivery: records one more try, and returns the

@@ -289,6 +289,77 @@ async fn a_copy_handed_back_once_is_tried_whatever_its_siblings_tries() {
     db.cleanup().await;
 }
 
+/// A handed-back delivery's try runs beside no other handler of its
+/// process: a death during it is its own. Tried beside a neighbour in
+/// another lane, each death of the culprit (a process abort) was counted
+/// against the neighbour too, which was parked beside it after three
+/// restarts running (`make e2e`'s "worn" scenario, session 43's
+/// rehearsal). Two deliveries handed back, two lanes, one each: they are
+/// tried one after the other.
+#[tokio::test]
+async fn handed_back_deliveries_are_tried_one_at_a_time_across_lanes() {
+    use lapin::options::BasicGetOptions;
+    let (db, broker, mut cfg) = setup().await;
+    (cfg.lanes, cfg.prefetch) = (2, 1);
+    let queue = cfg.queue.queue.clone();
+    let ch = broker.conn.create_channel().await.unwrap();
+    for (id, aggregate) in [(1, "one"), (2, "two")] {
+        let event = envelope("svc", id, 1, aggregate, "Added", 1);
+        broker
+            .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
+            .await;
+        let got = ch
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap();
+        assert!(got.is_some(), "the message was there");
+    }
+    ch.close(200, "handed back".into()).await.unwrap();
+
+    let handler = Overlap::default();
+    let consumer = Arc::new(Consumer::new(
+        db.app.clone(),
+        &amqp_url(),
+        cfg,
+        handler.clone(),
+    ));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (stop, consumer) = (stop.clone(), consumer.clone());
+        async move { consumer.run(stop).await }
+    });
+    wait_until(DEADLINE, "both applied", || async {
+        consumer.stats().applied == 2
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(handler.most.load(Ordering::SeqCst), 1, "tried side by side");
+    broker.cleanup(&[&queue]).await;
+    db.cleanup().await;
+}
+
+/// Counts the handler's runs that overlap, each taking a while.
+#[derive(Clone, Default)]
+struct Overlap {
+    running: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl consumer::Handler for Overlap {
+    async fn handle(
+        &self,
+        _: &mut reliability::TenantTx,
+        _: &reliability::outbox::Envelope,
+    ) -> Result<(), consumer::HandlerError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_database_outage_delays_messages_but_never_dead_letters_them() {
     let (db, broker, cfg) = setup().await;
