@@ -182,7 +182,8 @@ e2e-log: ## the relay scenarios with RELAY_MODE=log: each outbox read from a log
 # The release a rolling upgrade starts from: one whose relays do not number.
 UPGRADE_FROM_REV ?= 953eb30
 
-e2e-upgrade: ## a rolling upgrade under load from $(UPGRADE_FROM_REV), whose relays do not number, to this tree: every history in outbox order (builds that release's services once, ~3 min; E2E_ONLY= runs every make e2e scenario after it, as CI does)
+e2e-upgrade: ## a rolling upgrade under load from $(UPGRADE_FROM_REV), whose relays do not number, to this tree: every history in outbox order (builds this tree, then that release's services once, on this tree's dependencies, ~1 min; E2E_ONLY= runs every make e2e scenario after it, as CI does)
+	$(BUILD_BINS)
 	BASELINE_PROFILE=debug scripts/bench-baseline.sh $(UPGRADE_FROM_REV) > .upgrade-from
 	from=$$(cat .upgrade-from); rm -f .upgrade-from; \
 	  E2E_UPGRADE_FROM=$$from E2E_ONLY=$${E2E_ONLY-upgrade} $(MAKE) --no-print-directory e2e
