@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reliability::Error;
 use reliability::broker;
-use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats, Pg};
+use reliability::consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Pg};
 use reliability::failpoint::{self, Action};
 use testkit::{TestDb, amqp_url, unique, wait_until};
 use tokio::task::JoinHandle;
@@ -33,9 +33,9 @@ async fn setup() -> (TestDb, Broker, ConsumerConfig) {
     (db, broker, cfg)
 }
 
-type Running = (
+type Running<H = AddingHandler> = (
     CancellationToken,
-    Arc<Consumer<Pg<AddingHandler>>>,
+    Arc<Consumer<Pg<H>>>,
     JoinHandle<reliability::Result<()>>,
 );
 
@@ -52,7 +52,7 @@ async fn consume(db: &TestDb, cfg: ConsumerConfig, n: u64) -> ConsumerStats {
     consumer.stats()
 }
 
-fn start(db: &TestDb, cfg: ConsumerConfig, handler: AddingHandler) -> Running {
+fn start<H: Handler>(db: &TestDb, cfg: ConsumerConfig, handler: H) -> Running<H> {
     let consumer = Arc::new(Consumer::new(db.app.clone(), &amqp_url(), cfg, handler));
     let stop = CancellationToken::new();
     let task = tokio::spawn({
@@ -60,6 +60,21 @@ fn start(db: &TestDb, cfg: ConsumerConfig, handler: AddingHandler) -> Running {
         async move { consumer.run(stop).await }
     });
     (stop, consumer, task)
+}
+
+/// Takes `n` messages from `queue` unacked and closes their channel: the
+/// broker hands each back, counting a return.
+async fn hand_back(broker: &Broker, queue: &str, n: usize) {
+    use lapin::options::BasicGetOptions;
+    let ch = broker.conn.create_channel().await.unwrap();
+    for _ in 0..n {
+        let got = ch
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .unwrap();
+        assert!(got.is_some(), "the message was there");
+    }
+    ch.close(200, "handed back".into()).await.unwrap();
 }
 
 #[tokio::test]

@@ -250,7 +250,6 @@ async fn a_message_whose_ack_is_lost_after_each_commit_is_never_set_aside() {
 /// beside the applied one, in `make e2e`'s quorum-lost row; session 30).
 #[tokio::test]
 async fn a_copy_handed_back_once_is_tried_whatever_its_siblings_tries() {
-    use lapin::options::BasicGetOptions;
     let (db, broker, mut cfg) = setup().await;
     cfg.lanes = 1;
     let queue = cfg.queue.queue.clone();
@@ -258,14 +257,7 @@ async fn a_copy_handed_back_once_is_tried_whatever_its_siblings_tries() {
     broker
         .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
         .await;
-    // Handed back once: taken unacked, its channel closed.
-    let ch = broker.conn.create_channel().await.unwrap();
-    let got = ch
-        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
-        .await
-        .unwrap();
-    assert!(got.is_some(), "the message was there");
-    ch.close(200, "handed back".into()).await.unwrap();
+    super::hand_back(&broker, &queue, 1).await;
     // Two sibling copies' tries, in flight elsewhere.
     let mut tx = reliability::TenantTx::begin(&db.app, reliability::TenantId::new(1).unwrap())
         .await
@@ -298,36 +290,19 @@ async fn a_copy_handed_back_once_is_tried_whatever_its_siblings_tries() {
 /// tried one after the other.
 #[tokio::test]
 async fn handed_back_deliveries_are_tried_one_at_a_time_across_lanes() {
-    use lapin::options::BasicGetOptions;
     let (db, broker, mut cfg) = setup().await;
     (cfg.lanes, cfg.prefetch) = (2, 1);
     let queue = cfg.queue.queue.clone();
-    let ch = broker.conn.create_channel().await.unwrap();
     for (id, aggregate) in [(1, "one"), (2, "two")] {
         let event = envelope("svc", id, 1, aggregate, "Added", 1);
         broker
             .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
             .await;
-        let got = ch
-            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
-            .await
-            .unwrap();
-        assert!(got.is_some(), "the message was there");
     }
-    ch.close(200, "handed back".into()).await.unwrap();
+    super::hand_back(&broker, &queue, 2).await;
 
     let handler = Overlap::default();
-    let consumer = Arc::new(Consumer::new(
-        db.app.clone(),
-        &amqp_url(),
-        cfg,
-        handler.clone(),
-    ));
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (stop, consumer) = (stop.clone(), consumer.clone());
-        async move { consumer.run(stop).await }
-    });
+    let (stop, consumer, task) = start(&db, cfg, handler.clone());
     wait_until(DEADLINE, "both applied", || async {
         consumer.stats().applied == 2
     })

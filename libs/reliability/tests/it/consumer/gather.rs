@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reliability::TenantTx;
-use reliability::consumer::{Consumer, Handler, HandlerError};
+use reliability::consumer::{Handler, HandlerError};
 use reliability::outbox::Envelope;
-use testkit::{amqp_url, wait_until};
+use testkit::wait_until;
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 use super::setup;
 use crate::support::{DEADLINE, envelope};
@@ -61,17 +60,7 @@ async fn groups_waiting_behind_another_lanes_commit_go_as_one_transaction_and_a_
         holding: Arc::default(),
         release: Arc::new(Semaphore::new(0)),
     };
-    let consumer = Arc::new(Consumer::new(
-        db.app.clone(),
-        &amqp_url(),
-        cfg,
-        handler.clone(),
-    ));
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (stop, consumer) = (stop.clone(), consumer.clone());
-        async move { consumer.run(stop).await }
-    });
+    let (stop, consumer, task) = super::start(&db, cfg, handler.clone());
     let publish = |id: i64, event_type: &'static str| {
         let body = serde_json::to_vec(&envelope("svc", id, 1, &format!("a{id}"), event_type, id));
         let (broker, queue) = (&broker, &queue);
