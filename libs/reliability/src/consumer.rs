@@ -261,6 +261,10 @@ pub struct Consumer<A> {
     health: Health,
     /// Groups waiting to join another lane's transaction.
     gather: gather::Gather,
+    /// Held to read by every handler run, to write by a handed-back
+    /// delivery's try: a try runs beside no other handler of this process,
+    /// so a death during it is its own (tries.rs).
+    tries_alone: tokio::sync::RwLock<()>,
 }
 
 /// Where one applier adds up its progress: a lane's own `consumer_offsets`
@@ -293,6 +297,7 @@ impl<A: Apply> Consumer<A> {
             stats: Arc::default(),
             health: Health::default(),
             gather: gather::Gather::default(),
+            tries_alone: tokio::sync::RwLock::default(),
         }
     }
 

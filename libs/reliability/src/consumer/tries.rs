@@ -20,14 +20,12 @@
 //! dead-lettered beside the copy that was applied; session 30).
 //!
 //! A handed-back delivery's try, from its record to its end, runs beside
-//! no other handler run of its process ([`TRIES_ALONE`]): a process dies
-//! with every consumer in it, and all their lanes restart together. A
-//! neighbour tried in another lane, or by another consumer of the process,
-//! while the culprit took the process down again was counted a death too,
-//! three restarts running, and set aside with it (`make e2e`'s "worn"
-//! scenario, session 43's rehearsal: two products parked by the history,
-//! an `OrderConfirmed` dead-lettered by the views). Deaths are rare; after
-//! one, the handed-back deliveries are tried one at a time.
+//! no other handler of its process (`Consumer::tries_alone`): lanes
+//! restart together after a death, and a neighbour tried in another lane
+//! while the poison took the process down again was counted a death too,
+//! three restarts running, and parked beside it (`make e2e`'s "worn"
+//! scenario, session 43's rehearsal). Deaths are rare; a crash's
+//! handed-back deliveries are then tried one at a time across the lanes.
 //!
 //! A try ends, and its record is forgotten, once its outcome is committed
 //! (applied, a duplicate, parked) or decided (a dead letter, a shutdown),
@@ -37,7 +35,6 @@
 //! counted as one, it dead-lettered an applied event (e2e, session 30).
 
 use lapin::message::Delivery;
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::broker;
 use crate::outbox::Envelope;
@@ -52,11 +49,6 @@ use super::{Apply, Consumer, Handler, HandlerError, Pg};
 /// so the events handed back with it each time are not worn.
 pub const CRASH_TRIES: i32 = 2;
 
-/// Held to read by every handler run of every consumer in the process, to
-/// write by a handed-back delivery's try (see the module's doc). Taken
-/// before any transaction begins, so nothing waits for it holding a row.
-static TRIES_ALONE: RwLock<()> = RwLock::const_new(());
-
 impl<A: Apply> Consumer<A> {
     /// Whether `delivery` was handed back by the broker: it is applied
     /// alone, after its try is recorded (not in a group).
@@ -68,8 +60,8 @@ impl<A: Apply> Consumer<A> {
     /// beside a handed-back delivery's try. (A guard, not a wrapper of the
     /// run's future: wrapped, the lanes' futures grew past a debug build's
     /// test thread stack.)
-    pub(super) async fn beside_others(&self) -> RwLockReadGuard<'static, ()> {
-        TRIES_ALONE.read().await
+    pub(super) async fn beside_others(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.tries_alone.read().await
     }
 
     /// For a handed-back delivery, the guard its try holds from its record
@@ -77,9 +69,9 @@ impl<A: Apply> Consumer<A> {
     pub(super) async fn try_alone(
         &self,
         delivery: &Delivery,
-    ) -> Option<RwLockWriteGuard<'static, ()>> {
+    ) -> Option<tokio::sync::RwLockWriteGuard<'_, ()>> {
         match self.handed_back(delivery) {
-            true => Some(TRIES_ALONE.write().await),
+            true => Some(self.tries_alone.write().await),
             false => None,
         }
     }

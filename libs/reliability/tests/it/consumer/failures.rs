@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use reliability::broker;
-use reliability::consumer::{self, Consumer, ConsumerConfig};
+use reliability::consumer::{self, Consumer};
 use reliability::db;
 use reliability::failpoint::{self, Action};
-use testkit::{TcpProxy, amqp_url, postgres_addr, unique, wait_until};
+use testkit::{TcpProxy, amqp_url, postgres_addr, wait_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{AddingHandler, DEADLINE, effects, envelope};
@@ -311,45 +311,6 @@ async fn handed_back_deliveries_are_tried_one_at_a_time_across_lanes() {
     task.await.unwrap().unwrap();
     assert_eq!(handler.most.load(Ordering::SeqCst), 1, "tried side by side");
     broker.cleanup(&[&queue]).await;
-    db.cleanup().await;
-}
-
-/// The same across the consumers of one process: it dies with all of
-/// them (the projection's history aborting on one product, its views'
-/// `OrderConfirmed` was dead-lettered beside it, in that rehearsal).
-#[tokio::test]
-async fn handed_back_deliveries_of_two_consumers_in_one_process_are_tried_one_at_a_time() {
-    let (db, broker, first) = setup().await;
-    let mut second = ConsumerConfig::new(&unique("reltest.c."), &broker.exchange, &["svc.*"]);
-    second.retry_delay = first.retry_delay;
-    broker::declare_queue(&broker.channel, &second.queue)
-        .await
-        .unwrap();
-    let handler = Overlap::default();
-    let mut running = Vec::new();
-    for (id, cfg) in [(1, first), (2, second)] {
-        let queue = cfg.queue.queue.clone();
-        let event = envelope("svc", id, 1, &format!("a{id}"), "Added", 1);
-        broker
-            .publish_to_queue(&queue, &serde_json::to_vec(&event).unwrap())
-            .await;
-        super::hand_back(&broker, &queue, 1).await;
-        running.push((queue, start(&db, cfg, handler.clone())));
-    }
-    for (_, (_, consumer, _)) in &running {
-        wait_until(DEADLINE, "its delivery applied", || async {
-            consumer.stats().applied == 1
-        })
-        .await;
-    }
-    let mut queues = Vec::new();
-    for (queue, (stop, _, task)) in running {
-        stop.cancel();
-        task.await.unwrap().unwrap();
-        queues.push(queue);
-    }
-    assert_eq!(handler.most.load(Ordering::SeqCst), 1, "tried side by side");
-    broker.cleanup(&[&queues[0], &queues[1]]).await;
     db.cleanup().await;
 }
 
