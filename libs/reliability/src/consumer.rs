@@ -262,8 +262,8 @@ pub struct Consumer<A> {
     /// Groups waiting to join another lane's transaction.
     gather: gather::Gather,
     /// Held to read by every handler run, to write by a handed-back
-    /// delivery's try: a try runs beside no other handler of this process,
-    /// so a death during it is its own (tries.rs).
+    /// delivery's try: a try runs beside no other handler run of this
+    /// consumer, so a death during it is its own (tries.rs).
     tries_alone: tokio::sync::RwLock<()>,
 }
 

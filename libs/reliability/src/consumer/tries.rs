@@ -20,12 +20,15 @@
 //! dead-lettered beside the copy that was applied; session 30).
 //!
 //! A handed-back delivery's try, from its record to its end, runs beside
-//! no other handler of its process (`Consumer::tries_alone`): lanes
+//! no other handler run of its consumer (`Consumer::tries_alone`): lanes
 //! restart together after a death, and a neighbour tried in another lane
-//! while the poison took the process down again was counted a death too,
+//! while the culprit took the process down again was counted a death too,
 //! three restarts running, and parked beside it (`make e2e`'s "worn"
 //! scenario, session 43's rehearsal). Deaths are rare; a crash's
 //! handed-back deliveries are then tried one at a time across the lanes.
+//! Another consumer of the same process can still be wronged so (the
+//! views beside the history): one lock for the whole process stalled the
+//! ordered scenarios of session 44's rehearsal, and is not the way.
 //!
 //! A try ends, and its record is forgotten, once its outcome is committed
 //! (applied, a duplicate, parked) or decided (a dead letter, a shutdown),
@@ -65,7 +68,7 @@ impl<A: Apply> Consumer<A> {
     }
 
     /// For a handed-back delivery, the guard its try holds from its record
-    /// to its end: every other handler of this process waits meanwhile.
+    /// to its end: every other handler run of this consumer waits meanwhile.
     pub(super) async fn try_alone(
         &self,
         delivery: &Delivery,
