@@ -2,6 +2,7 @@
 //! (`falkor://host:port`), its schema declared as it connects.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use falkordb::{AsyncGraph, FalkorClientBuilder, FalkorConnectionInfo, FalkorDBError, FalkorValue};
 use futures_util::TryStreamExt;
@@ -45,6 +46,12 @@ pub(super) struct Falkor {
     url: String,
     name: String,
     graph: AsyncGraph,
+    /// Whether graph `name` holds the schema: false once it was deleted or
+    /// renamed away, so that the next write declares it again. A rebuild
+    /// connected to its fresh graph (declaring it), deleted what an
+    /// interrupted one had left, wrote it without a schema and swapped it
+    /// in: the live graph then had no index and no unique constraint.
+    declared: AtomicBool,
 }
 
 impl Falkor {
@@ -65,7 +72,19 @@ impl Falkor {
             url: url.to_owned(),
             name: name.to_owned(),
             graph: client.select_graph(name),
+            declared: AtomicBool::new(true),
         })
+    }
+
+    /// Declares the schema again if the graph was deleted or renamed away
+    /// since it was last declared (declaring is idempotent, so two writers
+    /// may both do it).
+    async fn declared(&self) -> Result<(), StoreError> {
+        if !self.declared.load(Ordering::Acquire) {
+            crate::schema::declare(&mut redis_connection(&self.url).await?, &self.name).await?;
+            self.declared.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     pub(super) async fn execute(
@@ -75,6 +94,9 @@ impl Falkor {
         params: Params,
         access: Access,
     ) -> Result<Vec<Row>, StoreError> {
+        if access == Access::Write {
+            self.declared().await?;
+        }
         let mut graph = self.graph.clone();
         let query = match access {
             Access::Write => graph.query(cypher.0),
@@ -111,6 +133,9 @@ impl Falkor {
             .arg(name)
             .query_async(&mut conn)
             .await;
+        // After the step, not before: a write between the two would declare
+        // on the graph the step then takes away.
+        self.declared.store(false, Ordering::Release);
         match renamed {
             Ok(()) => Ok(()),
             Err(e) if e.to_string().contains("no such key") => {
@@ -126,7 +151,9 @@ impl Falkor {
     }
 
     pub(super) async fn delete(&self) -> Result<(), StoreError> {
-        match self.graph.clone().delete().await {
+        let deleted = self.graph.clone().delete().await;
+        self.declared.store(false, Ordering::Release);
+        match deleted {
             Ok(()) => Ok(()),
             // Never written: nothing to delete.
             Err(e) if e.to_string().contains("empty key") => Ok(()),

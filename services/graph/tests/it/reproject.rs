@@ -54,6 +54,12 @@ async fn a_graph_re_projected_from_the_rows_alone_equals_its_sources() {
     let report = reproject(&settings, &sources).await.unwrap();
     assert_eq!((report.orders, report.products), (5, 3), "{report:?}");
     assert_eq!(report.floors.orders, 100);
+    // The graph swapped in holds the schema: the rebuild's first step
+    // deleted the graph it had declared it on, and every MERGE after the
+    // swap was a scan with no unique constraint behind it.
+    let mut labels: Vec<&str> = graph::schema::KEYS.iter().map(|(l, _)| *l).collect();
+    labels.sort_unstable();
+    assert_eq!(constrained(&settings.graph_name).await, labels);
 
     let verify = Verifier::new(live_store.clone(), sources.clone(), Duration::ZERO, 500);
     let clean = verify.run_once(false).await.unwrap();
@@ -137,4 +143,18 @@ async fn the_floor_waits_for_a_transaction_that_took_an_id_before_it() {
         "floor {floor} below an id taken before it ({id})"
     );
     db.cleanup().await;
+}
+
+/// The labels graph `name` holds a unique constraint on, in order.
+async fn constrained(name: &str) -> Vec<String> {
+    let url = graph_url().replacen("falkor://", "redis://", 1);
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, rows, _): (Vec<String>, Vec<Vec<String>>, Vec<String>) = redis::cmd("GRAPH.QUERY")
+        .arg(name)
+        .arg("CALL db.constraints() YIELD label RETURN label ORDER BY label")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    rows.into_iter().flatten().collect()
 }
