@@ -165,6 +165,33 @@ impl World {
         blocking(move || self.falkordb("start").map(|_| ())).await
     }
 
+    /// The FalkorDB log's warnings and errors (Redis marks them `#`), the
+    /// last few, for a scenario the graph failed: whether the store
+    /// refused a replayed command, or a rewrite failed, is in them.
+    pub fn falkordb_warnings(&self) -> String {
+        const KEPT: usize = 6;
+        let log =
+            std::fs::read_to_string(self.root.join("falkordb/falkordb.log")).unwrap_or_default();
+        let warned: Vec<&str> = log
+            .lines()
+            // Less the known: the overcommit advice, and each process's
+            // schema declaration replayed from the log and refused again.
+            .filter(|l| {
+                l.contains(" # ") && !l.contains("overcommit") && !l.contains("already exists")
+            })
+            .collect();
+        let starts = log
+            .lines()
+            .filter(|l| l.contains("Server initialized"))
+            .count();
+        format!(
+            "{} starts, {} warnings; the last: {}",
+            starts,
+            warned.len(),
+            warned[warned.len().saturating_sub(KEPT)..].join(" | ")
+        )
+    }
+
     /// The world's FalkorDB, for the graph service (`GRAPH_URL`).
     pub fn graph_url(&self) -> String {
         format!("falkor://127.0.0.1:{}", self.falkordb_port)

@@ -223,6 +223,9 @@ async fn run_all(world: &'static World, started: Instant) -> anyhow::Result<()> 
                     println!("   dead letters not counted: {e:#}");
                 }
                 broker_state::print(&run).await;
+                if said.iter().any(|v| v.starts_with("graph")) {
+                    println!("   graph store: {}", run.world.falkordb_warnings());
+                }
             }
             (Some(why), []) => println!("   SKIP {name}: {why}"),
             (None, []) => println!("   PASS {name} ({secs:.1} s): {faults}"),
