@@ -1,5 +1,6 @@
 //! The FalkorDB engine: a graph of a Redis server with the FalkorDB module
-//! (`falkor://host:port`), its schema declared as it connects.
+//! (`falkor://host:port`), its schema declared as it connects, and again
+//! on the first write after it deleted or renamed its graph.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
